@@ -1,0 +1,227 @@
+// Package accel is goaccel's facade: an Accelerator that a GoMLX training loop adds a few lines for, so the
+// same program trains on one CPU, one GPU, several GPUs or several machines. It decides where the process
+// runs (topology, compute backend, collective engine), what data it sees (sharded loaders) and when
+// gradients are exchanged (Accumulate, NoSync); the work itself is done by packages backends, accumulate
+// and prepare.
+package accel
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	gomlxbackends "github.com/gomlx/gomlx/backends"
+
+	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
+	_ "github.com/goaccel/goaccel/backends/mpi" // registers "mpi" when built with -tags mpi
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// Accelerator runs a training loop on this process's share of the job.
+type Accelerator struct {
+	cfg     config
+	topo    backends.Topology
+	comm    *backends.Communicator
+	ownComm bool
+	compute gomlxbackends.Backend
+	state   *accumulate.GradientState
+	rt      *prepare.Runtime
+
+	models     []*prepare.Model
+	optimizers []*prepare.Optimizer
+	loaders    []*prepare.DataLoader
+	closed     bool
+}
+
+// New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
+// engine (single process, or MPI under mpirun/srun) and the GoMLX compute backend (pure Go unless XLA is
+// asked for or installed).
+func New(opts ...Option) (*Accelerator, error) {
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	a := &Accelerator{cfg: cfg}
+	if err := a.openCommunicator(); err != nil {
+		return nil, err
+	}
+	var err error
+	a.compute, err = backends.NewCompute(backends.ComputeConfig{Backend: cfg.backend, AllowDownloads: cfg.allowDownloads,
+		LocalRank: a.topo.LocalRank, LocalSize: a.topo.LocalSize})
+	if err != nil {
+		a.closeComm()
+		return nil, fmt.Errorf("accel: %w", err)
+	}
+	a.state, err = accumulate.NewGradientState(cfg.accumulationSteps, cfg.syncEachBatch)
+	if err != nil {
+		a.closeComm()
+		return nil, fmt.Errorf("accel: %w", err)
+	}
+	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
+		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
+	a.comm.SetDescriber(a.describe)
+	return a, nil
+}
+
+func (a *Accelerator) openCommunicator() error {
+	if a.cfg.comm != nil {
+		a.comm = a.cfg.comm
+		size, rank := a.comm.Size(), a.comm.Rank()
+		a.topo = backends.Topology{Rank: rank, WorldSize: size, LocalRank: rank, LocalSize: size, Nodes: 1,
+			Source: a.comm.Name()}
+		return nil
+	}
+	topo, err := backends.DetectTopology()
+	if err != nil {
+		return fmt.Errorf("accel: %w", err)
+	}
+	a.topo = topo
+	engine := a.cfg.engine
+	if engine == "" {
+		engine = "single"
+		if topo.WorldSize > 1 {
+			engine = "mpi"
+		}
+	}
+	if topo.WorldSize > 1 && !backends.EngineRegistered(engine) {
+		// Never train N independent models silently.
+		return fmt.Errorf("accel: this process is rank %d of %d (launched by %s) but the %q collective engine is "+
+			"not linked into the binary: rebuild it with `go build -tags mpi`", topo.Rank, topo.WorldSize,
+			topo.Source, engine)
+	}
+	var commOpts []backends.CommunicatorOption
+	if a.cfg.timeout > 0 {
+		commOpts = append(commOpts, backends.WithTimeout(a.cfg.timeout))
+	}
+	a.comm, err = backends.Open(engine, topo, commOpts...)
+	if err != nil {
+		return fmt.Errorf("accel: %w", err)
+	}
+	a.ownComm = true
+	return nil
+}
+
+func (a *Accelerator) describe() string {
+	steps := int64(0)
+	for _, o := range a.optimizers {
+		steps = max(steps, o.Steps())
+	}
+	return fmt.Sprintf("optimizer step %d", steps+1)
+}
+
+func (a *Accelerator) closeComm() {
+	if a.ownComm {
+		_ = a.comm.Close()
+	}
+}
+
+// Close releases the collective engine (for MPI: finalises it). Call it once, at the end of the program.
+func (a *Accelerator) Close() error {
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	if a.ownComm {
+		return a.comm.Close()
+	}
+	return nil
+}
+
+// Rank is this process's rank in the job.
+func (a *Accelerator) Rank() int { return a.topo.Rank }
+
+// WorldSize is the number of processes in the job.
+func (a *Accelerator) WorldSize() int { return a.topo.WorldSize }
+
+// LocalRank is this process's rank on its node.
+func (a *Accelerator) LocalRank() int { return a.topo.LocalRank }
+
+// Topology is where this process sits in the job.
+func (a *Accelerator) Topology() backends.Topology { return a.topo }
+
+// IsMainProcess reports whether this is rank 0, the process that logs and writes checkpoints.
+func (a *Accelerator) IsMainProcess() bool { return a.topo.IsMain() }
+
+// IsLocalMainProcess reports whether this is the first process on its node.
+func (a *Accelerator) IsLocalMainProcess() bool { return a.topo.IsLocalMain() }
+
+// Backend is the GoMLX compute backend.
+func (a *Accelerator) Backend() gomlxbackends.Backend { return a.compute }
+
+// Communicator is the collective communicator.
+func (a *Accelerator) Communicator() *backends.Communicator { return a.comm }
+
+// GradientAccumulationSteps is K, the micro-batches per optimizer step.
+func (a *Accelerator) GradientAccumulationSteps() int { return a.state.Steps() }
+
+// Seed is the seed loaders shuffle with.
+func (a *Accelerator) Seed() uint64 { return a.cfg.seed }
+
+// Print prints on the main process only, like fmt.Println.
+func (a *Accelerator) Print(args ...any) {
+	if a.IsMainProcess() {
+		fmt.Fprintln(a.cfg.out, args...)
+	}
+}
+
+// Printf prints on the main process only, like fmt.Printf.
+func (a *Accelerator) Printf(format string, args ...any) {
+	if a.IsMainProcess() {
+		fmt.Fprintf(a.cfg.out, format, args...)
+	}
+}
+
+// Output is where Print writes.
+func (a *Accelerator) Output() io.Writer { return a.cfg.out }
+
+var errClosed = errors.New("accel: accelerator is closed")
+
+func (a *Accelerator) checkOpen() error {
+	if a.closed {
+		return errClosed
+	}
+	return nil
+}
+
+// Stats summarises what the accelerator did so far on this rank.
+type Stats struct {
+	OptimizerSteps int64
+	SkippedSteps   int64
+	Syncs          int64
+	MicroBatches   int64
+	// Collectives are the communicator's counters: calls, bytes, and time spent waiting, per operation.
+	Collectives backends.Stats
+	// ComputeTime is time spent in compiled training and optimizer steps.
+	ComputeTime time.Duration
+}
+
+// Stats returns the counters so far.
+func (a *Accelerator) Stats() Stats {
+	s := Stats{Collectives: a.comm.Stats()}
+	for _, m := range a.models {
+		s.MicroBatches += m.MicroSteps()
+		s.ComputeTime += m.ComputeTime()
+		if r := m.Reducer(); r != nil {
+			s.Syncs += r.Syncs()
+		}
+	}
+	for _, o := range a.optimizers {
+		s.OptimizerSteps += o.Steps()
+		s.SkippedSteps += o.SkippedSteps()
+		s.ComputeTime += o.ComputeTime()
+	}
+	return s
+}
+
+func init() {
+	// Nothing in goaccel may trigger GoMLX's plugin download as a side effect of being imported.
+	if os.Getenv("GOMLX_NO_AUTO_INSTALL") == "" {
+		_ = os.Setenv("GOMLX_NO_AUTO_INSTALL", "1")
+	}
+}

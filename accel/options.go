@@ -1,0 +1,101 @@
+package accel
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+
+	"github.com/goaccel/goaccel/backends"
+)
+
+// Option configures an Accelerator.
+type Option func(*config)
+
+type config struct {
+	accumulationSteps int
+	syncEachBatch     bool
+	bucketCapMB       float64
+	seed              uint64
+	backend           string
+	allowDownloads    bool
+	engine            string
+	comm              *backends.Communicator
+	checkReplicas     bool
+	timeout           time.Duration
+	out               io.Writer
+}
+
+// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true.
+const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
+
+func defaultConfig() config {
+	check := os.Getenv(CheckReplicasEnvVar)
+	return config{
+		accumulationSteps: 1,
+		bucketCapMB:       25,
+		seed:              42,
+		out:               os.Stdout,
+		checkReplicas:     check == "1" || check == "true",
+	}
+}
+
+func (c config) validate() error {
+	if c.accumulationSteps < 1 {
+		return fmt.Errorf("accel: gradient accumulation steps must be at least 1, got %d", c.accumulationSteps)
+	}
+	if !(c.bucketCapMB > 0) || math.IsInf(c.bucketCapMB, 0) {
+		return fmt.Errorf("accel: bucket cap must be a positive number of MB, got %g", c.bucketCapMB)
+	}
+	if c.timeout < 0 {
+		return fmt.Errorf("accel: collective timeout must not be negative, got %s", c.timeout)
+	}
+	return nil
+}
+
+// WithGradientAccumulationSteps sets K: Accumulate syncs gradients (and the optimizer steps) once every K
+// micro-batches. Default 1.
+func WithGradientAccumulationSteps(k int) Option {
+	return func(c *config) { c.accumulationSteps = k }
+}
+
+// WithSyncEachBatch makes Accumulate sync on every call while still scaling gradients by 1/K: useful when
+// memory, not communication, is the reason for accumulating.
+func WithSyncEachBatch() Option { return func(c *config) { c.syncEachBatch = true } }
+
+// WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). Smaller buckets start
+// communicating earlier; larger ones pay per-call overheads less often.
+func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB = mb } }
+
+// WithSeed sets the seed data loaders shuffle with (default 42). Every rank must use the same seed.
+func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }
+
+// WithBackend names the GoMLX compute backend configuration ("go", "xla:cpu", "xla:cuda"). By default
+// GOMLX_BACKEND decides, else XLA if a PJRT plugin is installed, else the pure-Go backend.
+func WithBackend(backendConfig string) Option {
+	return func(c *config) { c.backend = backendConfig }
+}
+
+// WithPluginDownloads lets GoMLX download PJRT plugins at run time (off by default).
+func WithPluginDownloads() Option { return func(c *config) { c.allowDownloads = true } }
+
+// WithEngine names the collective engine ("single", "mpi"). By default: "single" for one process, "mpi"
+// when launched with several.
+func WithEngine(name string) Option { return func(c *config) { c.engine = name } }
+
+// WithCommunicator uses an existing communicator (for example one rank of backends.NewInProcessGroup)
+// instead of detecting the topology. The Accelerator does not close it.
+func WithCommunicator(comm *backends.Communicator) Option { return func(c *config) { c.comm = comm } }
+
+// WithReplicaCheck verifies after every optimizer step that all ranks hold bitwise-identical weights, and
+// fails the step naming the first divergent variable. It costs an all-gather per step; for debugging.
+// GOACCEL_CHECK_REPLICAS=1 turns it on too.
+func WithReplicaCheck() Option { return func(c *config) { c.checkReplicas = true } }
+
+// WithCollectiveTimeout bounds every collective wait (default backends.DefaultTimeout): a rank that dies
+// or hangs makes the others fail with an error naming the operation and step instead of waiting forever.
+func WithCollectiveTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithOutput sets where Print writes (default os.Stdout).
+func WithOutput(w io.Writer) Option { return func(c *config) { c.out = w } }

@@ -1,0 +1,145 @@
+package accel
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
+	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// PrepareModel wraps a GoMLX model: ctx holds (or will hold) its variables, modelFn builds predictions and
+// lossFn a scalar loss. The variables are created, or taken from ctx if it already has them, on the first
+// Backward; replicas are then made identical to rank 0's.
+func (a *Accelerator) PrepareModel(ctx *context.Context, modelFn prepare.ModelFn, lossFn prepare.LossFn) (*prepare.Model, error) {
+	if err := a.checkOpen(); err != nil {
+		return nil, err
+	}
+	m, err := prepare.NewModel(a.rt, ctx, modelFn, lossFn)
+	if err != nil {
+		return nil, err
+	}
+	a.models = append(a.models, m)
+	return m, nil
+}
+
+// PrepareOptimizer wraps a GoMLX optimizer (one with UpdateGraphWithGradients, such as SGD or Adam) for
+// model. Its Step applies gradients only on steps that synced.
+func (a *Accelerator) PrepareOptimizer(model *prepare.Model, opt optimizers.Interface, opts ...prepare.OptimizerOption) (*prepare.Optimizer, error) {
+	if err := a.checkOpen(); err != nil {
+		return nil, err
+	}
+	if a.cfg.checkReplicas {
+		opts = append(opts, prepare.AfterStep(func() error {
+			return prepare.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
+		}))
+	}
+	o, err := prepare.NewOptimizer(model, opt, opts...)
+	if err != nil {
+		return nil, err
+	}
+	a.optimizers = append(a.optimizers, o)
+	return o, nil
+}
+
+// PrepareDataLoader shards an indexable source across ranks; the batch size is per rank.
+func (a *Accelerator) PrepareDataLoader(source prepare.Source, opts ...prepare.LoaderOption) (*prepare.DataLoader, error) {
+	if err := a.checkOpen(); err != nil {
+		return nil, err
+	}
+	l, err := prepare.NewDataLoader(a.rt, source, append([]prepare.LoaderOption{prepare.Seed(a.cfg.seed)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	a.loaders = append(a.loaders, l)
+	return l, nil
+}
+
+// PrepareDataset shards a GoMLX train.Dataset (a stream of batches) across ranks by taking every N-th batch.
+func (a *Accelerator) PrepareDataset(ds train.Dataset, opts ...prepare.LoaderOption) (*prepare.DataLoader, error) {
+	if err := a.checkOpen(); err != nil {
+		return nil, err
+	}
+	l, err := prepare.NewStreamLoader(a.rt, ds, opts...)
+	if err != nil {
+		return nil, err
+	}
+	a.loaders = append(a.loaders, l)
+	return l, nil
+}
+
+// BackwardOption configures one Backward call.
+type BackwardOption func(*backwardConfig)
+
+type backwardConfig struct{ lossScale float64 }
+
+// LossScale multiplies this micro-batch's loss (and so its gradients) by s, on top of the 1/K that
+// Accumulate applies. The manual NoSync pattern uses it to average K micro-batches: LossScale(1.0/K).
+func LossScale(s float64) BackwardOption { return func(c *backwardConfig) { c.lossScale = s } }
+
+// Backward runs the forward and backward pass of model on batch and adds the gradients to the model's
+// accumulators; on steps that sync it also all-reduces them. It returns this rank's loss for the batch.
+func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts ...BackwardOption) (float64, error) {
+	if err := a.checkModel(model); err != nil {
+		return 0, err
+	}
+	cfg := backwardConfig{lossScale: 1}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	return model.Backward(batch, a.state.MicroBatchScale()*cfg.lossScale)
+}
+
+func (a *Accelerator) checkModel(model *prepare.Model) error {
+	if err := a.checkOpen(); err != nil {
+		return err
+	}
+	if model == nil {
+		return errors.New("accel: model is nil")
+	}
+	for _, m := range a.models {
+		if m == model {
+			return nil
+		}
+	}
+	return errors.New("accel: model was not prepared by this accelerator: call PrepareModel first")
+}
+
+// Accumulate runs fn as one micro-batch of gradient accumulation: Backward inside it scales gradients by
+// 1/K, and syncs only on every K-th call, on the data loader's last batch, or always with
+// WithSyncEachBatch. The optimizer's Step and ZeroGrad do nothing on calls that did not sync, so the loop
+// body stays the same as without accumulation.
+func (a *Accelerator) Accumulate(model *prepare.Model, fn func() error) error {
+	if err := a.checkModel(model); err != nil {
+		return err
+	}
+	return a.state.Accumulate(fn)
+}
+
+// NoSync runs fn without gradient synchronisation: Backward inside it only accumulates locally, and the
+// first Backward outside it syncs everything accumulated.
+func (a *Accelerator) NoSync(model *prepare.Model, fn func() error) error {
+	if err := a.checkModel(model); err != nil {
+		return err
+	}
+	return a.state.NoSync(fn)
+}
+
+// SyncGradients reports whether the current step synchronises gradients: inside Accumulate, whether this
+// is the step the optimizer will apply.
+func (a *Accelerator) SyncGradients() bool { return a.state.SyncGradients() }
+
+// CheckReplicas verifies that every rank holds bitwise-identical weights for model, returning an error that
+// names the first divergent variable. Collective.
+func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
+	if err := a.checkModel(model); err != nil {
+		return err
+	}
+	if !model.Materialized() {
+		return fmt.Errorf("accel: model has no weights yet")
+	}
+	return prepare.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
+}

@@ -1,0 +1,384 @@
+package backends
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Op names a kind of collective operation.
+type Op int
+
+// The collective operations a Communicator counts.
+const (
+	OpAllReduce Op = iota
+	OpBroadcast
+	OpAllGather
+	OpBarrier
+	numOps
+)
+
+var opNames = [...]string{"all-reduce", "broadcast", "all-gather", "barrier"}
+
+func (op Op) String() string {
+	if op >= 0 && op < numOps {
+		return opNames[op]
+	}
+	return fmt.Sprintf("Op(%d)", int(op))
+}
+
+// OpStats counts one kind of collective: calls started, bytes contributed by this rank, and the time this
+// rank spent waiting for the operation to complete.
+type OpStats struct {
+	Calls int64
+	Bytes int64
+	Wait  time.Duration
+}
+
+// Stats is a snapshot of a Communicator's counters, per operation kind.
+type Stats struct {
+	PerOp [numOps]OpStats
+}
+
+// Of returns the counters of one operation kind.
+func (s Stats) Of(op Op) OpStats { return s.PerOp[op] }
+
+// Calls is the number of collective calls of every kind.
+func (s Stats) Calls() int64 {
+	var n int64
+	for _, o := range s.PerOp {
+		n += o.Calls
+	}
+	return n
+}
+
+// Bytes is the number of bytes this rank contributed to collectives of every kind.
+func (s Stats) Bytes() int64 {
+	var n int64
+	for _, o := range s.PerOp {
+		n += o.Bytes
+	}
+	return n
+}
+
+// Wait is the time spent waiting for collectives of every kind.
+func (s Stats) Wait() time.Duration {
+	var d time.Duration
+	for _, o := range s.PerOp {
+		d += o.Wait
+	}
+	return d
+}
+
+// Sub returns the counters accumulated since prev was taken.
+func (s Stats) Sub(prev Stats) Stats {
+	var d Stats
+	for i := range s.PerOp {
+		d.PerOp[i] = OpStats{
+			Calls: s.PerOp[i].Calls - prev.PerOp[i].Calls,
+			Bytes: s.PerOp[i].Bytes - prev.PerOp[i].Bytes,
+			Wait:  s.PerOp[i].Wait - prev.PerOp[i].Wait,
+		}
+	}
+	return d
+}
+
+// TimeoutError is returned when a collective does not complete within the Communicator's timeout: some
+// rank is dead, stuck, or called a different sequence of collectives.
+type TimeoutError struct {
+	Op      Op
+	Bytes   int
+	After   time.Duration
+	Rank    int
+	Context string // what the caller was doing (for example "optimizer step 12"), when known.
+}
+
+func (e *TimeoutError) Error() string {
+	where := ""
+	if e.Context != "" {
+		where = " during " + e.Context
+	}
+	return fmt.Sprintf("backends: rank %d: %s of %d bytes did not complete within %s%s: another rank "+
+		"failed, hangs, or called a different collective", e.Rank, e.Op, e.Bytes, e.After, where)
+}
+
+// ErrClosed is returned by collectives on a closed Communicator.
+var ErrClosed = errors.New("backends: communicator is closed")
+
+// DefaultTimeout bounds every collective wait unless WithTimeout says otherwise. It is generous because a
+// rank legitimately waits for the slowest rank's compute (data loading, a checkpoint write) inside a
+// collective.
+const DefaultTimeout = 10 * time.Minute
+
+// TimeoutEnvVar overrides the collective timeout (a Go duration such as "30s").
+const TimeoutEnvVar = "GOACCEL_COLLECTIVE_TIMEOUT"
+
+// Communicator runs collectives on an engine and counts them. It is safe for concurrent use; collectives
+// themselves must still be issued in the same order on every rank.
+type Communicator struct {
+	engine     Engine
+	engineName string
+
+	mu      sync.Mutex // serialises engine calls: engines need not be thread-safe.
+	stats   Stats
+	closed  bool
+	broken  error // set once a collective failed; the job cannot continue consistently.
+	timeout time.Duration
+	// describe says what the owner is doing, for error messages (for example the optimizer step).
+	describe func() string
+}
+
+// CommunicatorOption configures a Communicator.
+type CommunicatorOption func(*Communicator)
+
+// WithTimeout bounds how long any one collective may take before it fails with a *TimeoutError.
+func WithTimeout(d time.Duration) CommunicatorOption {
+	return func(c *Communicator) { c.timeout = d }
+}
+
+// NewCommunicator wraps an engine. engineName is what Name reports.
+func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
+	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout}
+	if s := os.Getenv(TimeoutEnvVar); s != "" {
+		if d, err := time.ParseDuration(s); err == nil && d > 0 {
+			c.timeout = d
+		}
+	}
+	for _, opt := range opts {
+		opt(c)
+	}
+	return c
+}
+
+// Open opens the named registered engine for topo and wraps it.
+func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Communicator, error) {
+	engine, err := OpenEngine(engineName, topo)
+	if err != nil {
+		return nil, err
+	}
+	c := NewCommunicator(engineName, engine, opts...)
+	if c.Size() != topo.WorldSize || c.Rank() != topo.Rank {
+		_ = engine.Close()
+		return nil, fmt.Errorf("backends: engine %q sees rank %d of %d but the launcher's environment (%s) says "+
+			"rank %d of %d", engineName, c.Rank(), c.Size(), topo.Source, topo.Rank, topo.WorldSize)
+	}
+	return c, nil
+}
+
+// Name is the engine's registered name.
+func (c *Communicator) Name() string { return c.engineName }
+
+// Rank is this process's rank in [0, Size()).
+func (c *Communicator) Rank() int { return c.engine.Rank() }
+
+// Size is the number of ranks.
+func (c *Communicator) Size() int { return c.engine.Size() }
+
+// Timeout is the bound on each collective wait.
+func (c *Communicator) Timeout() time.Duration { return c.timeout }
+
+// SetTimeout changes the bound on each collective wait.
+func (c *Communicator) SetTimeout(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timeout = d
+}
+
+// SetDescriber installs a function that says what the owner is doing; its answer is added to timeout errors.
+func (c *Communicator) SetDescriber(describe func() string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.describe = describe
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Communicator) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// Pending is a collective in flight, returned by the asynchronous calls.
+type Pending struct {
+	comm    *Communicator
+	req     Request
+	op      Op
+	bytes   int
+	started time.Time
+	done    bool
+	err     error
+}
+
+// Wait blocks until the collective completes, the timeout passes, or it fails. Waiting twice is allowed
+// and returns the same result.
+func (p *Pending) Wait() error {
+	if p.done {
+		return p.err
+	}
+	p.err = p.comm.wait(p)
+	p.done = true
+	return p.err
+}
+
+func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) (*Pending, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.broken != nil {
+		return nil, fmt.Errorf("backends: communicator unusable after an earlier failure: %w", c.broken)
+	}
+	req, err := startFn()
+	if err != nil {
+		c.broken = err
+		return nil, fmt.Errorf("backends: starting %s: %w", op, err)
+	}
+	c.stats.PerOp[op].Calls++
+	c.stats.PerOp[op].Bytes += int64(bytes)
+	return &Pending{comm: c, req: req, op: op, bytes: bytes, started: time.Now()}, nil
+}
+
+// wait polls the request: engines progress inside Test, and polling (rather than a blocking engine call)
+// lets the watchdog fire on a hung peer. It spins first, because most waits are short, then backs off to
+// short sleeps so a long wait does not burn a core that the other ranks' compute may need.
+func (c *Communicator) wait(p *Pending) error {
+	begin := time.Now()
+	deadline := p.started.Add(c.timeout)
+	var sleep time.Duration
+	for spins := 0; ; spins++ {
+		c.mu.Lock()
+		done, err := p.req.Test()
+		c.mu.Unlock()
+		if done || err != nil {
+			c.mu.Lock()
+			c.stats.PerOp[p.op].Wait += time.Since(begin)
+			if err != nil {
+				c.broken = err
+			}
+			c.mu.Unlock()
+			if err != nil {
+				return fmt.Errorf("backends: %s: %w", p.op, err)
+			}
+			return nil
+		}
+		now := time.Now()
+		if now.After(deadline) {
+			c.mu.Lock()
+			terr := &TimeoutError{Op: p.op, Bytes: p.bytes, After: c.timeout, Rank: c.engine.Rank()}
+			if c.describe != nil {
+				terr.Context = c.describe()
+			}
+			c.broken = terr
+			c.stats.PerOp[p.op].Wait += time.Since(begin)
+			c.mu.Unlock()
+			return terr
+		}
+		switch {
+		case spins < 64:
+		case now.Sub(begin) < time.Millisecond:
+			runtime.Gosched()
+		default:
+			sleep = min(max(sleep*2, 10*time.Microsecond), time.Millisecond)
+			time.Sleep(sleep)
+		}
+	}
+}
+
+// AllReduceSumAsync starts an in-place sum of buf across ranks. buf must not be touched until Wait returns.
+func (c *Communicator) AllReduceSumAsync(buf any) (*Pending, error) {
+	bi, err := Elements(buf)
+	if err != nil {
+		return nil, err
+	}
+	return c.start(OpAllReduce, bi.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(buf) })
+}
+
+// AllReduceSum sums buf in place across ranks.
+func (c *Communicator) AllReduceSum(buf any) error {
+	p, err := c.AllReduceSumAsync(buf)
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// Broadcast copies root's buf into every rank's buf.
+func (c *Communicator) Broadcast(buf any, root int) error {
+	bi, err := Elements(buf)
+	if err != nil {
+		return err
+	}
+	if root < 0 || root >= c.Size() {
+		return fmt.Errorf("backends: broadcast root %d outside [0, %d)", root, c.Size())
+	}
+	p, err := c.start(OpBroadcast, bi.Bytes, func() (Request, error) { return c.engine.StartBroadcast(buf, root) })
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// AllGather gathers every rank's send into recv, ordered by rank. len(recv) must be Size()*len(send).
+func (c *Communicator) AllGather(send, recv any) error {
+	si, err := Elements(send)
+	if err != nil {
+		return err
+	}
+	ri, err := Elements(recv)
+	if err != nil {
+		return err
+	}
+	if si.Kind != ri.Kind || ri.Len != si.Len*c.Size() {
+		return fmt.Errorf("backends: all-gather of %s[%d] needs a %s[%d] receive buffer, got %s[%d]",
+			si.Kind, si.Len, si.Kind, si.Len*c.Size(), ri.Kind, ri.Len)
+	}
+	p, err := c.start(OpAllGather, si.Bytes, func() (Request, error) { return c.engine.StartAllGather(send, recv) })
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// Barrier returns once every rank reached it.
+func (c *Communicator) Barrier() error {
+	p, err := c.start(OpBarrier, 0, c.engine.StartBarrier)
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// Abort ends every rank of the job with the given exit code. Use it when this rank cannot continue: the
+// others would otherwise wait in their next collective until the timeout.
+func (c *Communicator) Abort(code int) {
+	c.engine.Abort(code)
+}
+
+// Close releases the engine. After a failed collective the job's ranks are no longer in step, so a clean
+// shutdown (which is itself collective for MPI) could hang: Close aborts the job instead.
+func (c *Communicator) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	broken := c.broken
+	c.mu.Unlock()
+	if broken != nil && c.Size() > 1 {
+		fmt.Fprintf(os.Stderr, "goaccel: rank %d aborting the job after a failed collective: %v\n", c.Rank(), broken)
+		c.engine.Abort(1)
+	}
+	return c.engine.Close()
+}
+
+// Broken returns the error that made the communicator unusable, or nil.
+func (c *Communicator) Broken() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}

@@ -1,0 +1,312 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"math/rand/v2"
+
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/train"
+)
+
+// Batch is one rank's batch.
+type Batch struct {
+	Inputs, Labels []*tensors.Tensor
+	// Indices are the source indices of this rank's examples (for streaming sources, nil).
+	Indices []int
+	// Epoch and Step locate the batch: Step counts this rank's batches within the epoch from 0.
+	Epoch, Step int
+	// Valid is the number of leading examples of this batch that are real; the rest repeat examples from
+	// the start of the epoch so that every rank yields as many batches as the others (even batches).
+	Valid int
+	// ValidPerRank is Valid for every rank's batch of this step (the same on all ranks), which is what
+	// GatherForMetrics needs to drop the padding after gathering.
+	ValidPerRank []int
+}
+
+// Size is the number of examples in the batch, padding included.
+func (b Batch) Size() int {
+	if len(b.Inputs) == 0 || b.Inputs[0].Shape().Rank() == 0 {
+		return 0
+	}
+	return b.Inputs[0].Shape().Dimensions[0]
+}
+
+// LoaderOption configures a DataLoader.
+type LoaderOption func(*loaderConfig)
+
+type loaderConfig struct {
+	batchSize   int
+	shuffle     bool
+	dropLast    bool
+	evenBatches bool
+	seed        uint64
+	seedSet     bool
+}
+
+// BatchSize sets the per-rank batch size: N ranks each take this many examples per step.
+func BatchSize(n int) LoaderOption { return func(c *loaderConfig) { c.batchSize = n } }
+
+// Shuffle permutes the examples every epoch, identically on every rank (seed + epoch).
+func Shuffle() LoaderOption { return func(c *loaderConfig) { c.shuffle = true } }
+
+// DropLast drops the final examples that do not fill a whole batch on every rank.
+func DropLast() LoaderOption { return func(c *loaderConfig) { c.dropLast = true } }
+
+// EvenBatches (on by default) pads the last round by wrapping around to the start of the epoch so that
+// every rank yields the same number of batches of the same size: a rank with one batch fewer would wait
+// forever in the others' gradient sync. Turn it off only for per-rank work with no collectives.
+func EvenBatches(on bool) LoaderOption { return func(c *loaderConfig) { c.evenBatches = on } }
+
+// Seed sets the shuffling seed (by default the Accelerator's seed).
+func Seed(seed uint64) LoaderOption {
+	return func(c *loaderConfig) { c.seed, c.seedSet = seed, true }
+}
+
+// DataLoader yields this rank's batches of each epoch.
+type DataLoader struct {
+	rt     *Runtime
+	source Source
+	stream train.Dataset
+	cfg    loaderConfig
+
+	epoch         int
+	epochExplicit bool // SetEpoch was called since the last iteration began
+	iterated      bool
+	// position is the number of batches of the current epoch already yielded; skip is the number to skip
+	// at the start of the next iteration (set when resuming from a checkpoint).
+	position, skip int
+	iterating      bool
+}
+
+// NewDataLoader shards an indexable source across the runtime's ranks.
+func NewDataLoader(rt *Runtime, source Source, opts ...LoaderOption) (*DataLoader, error) {
+	if source == nil {
+		return nil, errors.New("prepare: data loader source is nil")
+	}
+	l, err := newLoader(rt, opts)
+	if err != nil {
+		return nil, err
+	}
+	l.source = source
+	n := source.Len()
+	if n <= 0 {
+		return nil, errors.New("prepare: the dataset is empty (zero examples)")
+	}
+	if l.Len() == 0 {
+		return nil, fmt.Errorf("prepare: batch size %d is larger than the %d examples each of the %d rank(s) gets "+
+			"with drop-last: an epoch would have no batch", l.cfg.batchSize, n/rt.Comm.Size(), rt.Comm.Size())
+	}
+	return l, nil
+}
+
+// NewStreamLoader shards a GoMLX train.Dataset by batches: rank r keeps batches r, r+N, r+2N… of each
+// pass. Every rank reads the whole stream (a stream cannot be indexed), so this suits datasets that are
+// cheap to read; prefer an indexable Source when there is one.
+func NewStreamLoader(rt *Runtime, ds train.Dataset, opts ...LoaderOption) (*DataLoader, error) {
+	if ds == nil {
+		return nil, errors.New("prepare: data loader dataset is nil")
+	}
+	l, err := newLoader(rt, opts)
+	if err != nil {
+		return nil, err
+	}
+	l.stream = ds
+	return l, nil
+}
+
+func newLoader(rt *Runtime, opts []LoaderOption) (*DataLoader, error) {
+	if err := rt.validate(); err != nil {
+		return nil, err
+	}
+	cfg := loaderConfig{evenBatches: true, batchSize: 1}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if cfg.batchSize < 1 {
+		return nil, fmt.Errorf("prepare: batch size must be at least 1, got %d", cfg.batchSize)
+	}
+	return &DataLoader{rt: rt, cfg: cfg}, nil
+}
+
+// SetSeedIfUnset gives the loader a seed unless an option set one (the Accelerator passes its own).
+func (l *DataLoader) SetSeedIfUnset(seed uint64) {
+	if !l.cfg.seedSet {
+		l.cfg.seed, l.cfg.seedSet = seed, true
+	}
+}
+
+// SetEpoch selects the epoch whose order the next iteration yields. Without it, each new iteration
+// advances the epoch by one, so forgetting it does not repeat the same order.
+func (l *DataLoader) SetEpoch(epoch int) {
+	if epoch != l.epoch {
+		l.skip = 0
+	}
+	l.epoch, l.epochExplicit = epoch, true
+}
+
+// Epoch is the epoch of the current (or next) iteration.
+func (l *DataLoader) Epoch() int { return l.epoch }
+
+// BatchSize is the per-rank batch size.
+func (l *DataLoader) BatchSize() int { return l.cfg.batchSize }
+
+// Position is the number of batches of the current epoch already yielded.
+func (l *DataLoader) Position() int { return l.position }
+
+// Restore makes the next iteration yield epoch's batches from batch position on: a resumed job skips the
+// batches it consumed before its checkpoint without computing them.
+func (l *DataLoader) Restore(epoch, position int) error {
+	if position < 0 || (l.source != nil && position > l.Len()) {
+		return fmt.Errorf("prepare: cannot resume at batch %d of an epoch of %d batches", position, l.Len())
+	}
+	l.epoch, l.epochExplicit, l.skip, l.position = epoch, true, position, position
+	return nil
+}
+
+// Len is the number of batches this rank yields per epoch (for a stream, unknown: -1).
+func (l *DataLoader) Len() int {
+	if l.stream != nil {
+		return -1
+	}
+	shardLen := l.shardLen()
+	if l.cfg.dropLast {
+		return shardLen / l.cfg.batchSize
+	}
+	return (shardLen + l.cfg.batchSize - 1) / l.cfg.batchSize
+}
+
+// shardLen is the number of examples (padding included) each rank gets per epoch.
+func (l *DataLoader) shardLen() int {
+	n, size := l.source.Len(), l.rt.Comm.Size()
+	if l.cfg.dropLast {
+		return n / size
+	}
+	if l.cfg.evenBatches {
+		return (n + size - 1) / size
+	}
+	rank := l.rt.Comm.Rank()
+	return n/size + boolToInt(rank < n%size)
+}
+
+// order is the epoch's global order of example indices: a permutation computed identically on every rank
+// from seed and epoch, wrapped around at the end to a multiple of the world size for even batches, or cut
+// to one for drop-last.
+func (l *DataLoader) order(epoch int) []int {
+	n, size := l.source.Len(), l.rt.Comm.Size()
+	var perm []int
+	if l.cfg.shuffle {
+		perm = rand.New(rand.NewPCG(l.cfg.seed, uint64(epoch))).Perm(n)
+	} else {
+		perm = make([]int, n)
+		for i := range perm {
+			perm[i] = i
+		}
+	}
+	switch {
+	case l.cfg.dropLast:
+		perm = perm[:n-n%size]
+	case l.cfg.evenBatches && n%size != 0:
+		for i := 0; len(perm)%size != 0; i++ {
+			perm = append(perm, perm[i%n])
+		}
+	}
+	return perm
+}
+
+// All yields this rank's batches of one epoch. While the last batch is being processed the gradient
+// state knows it, so Accumulate syncs there even when the number of batches is not a multiple of K.
+func (l *DataLoader) All() iter.Seq2[Batch, error] {
+	return func(yield func(Batch, error) bool) {
+		if l.iterating {
+			yield(Batch{}, errors.New("prepare: data loader iterated while already iterating"))
+			return
+		}
+		l.beginEpoch()
+		l.iterating = true
+		defer func() {
+			l.iterating = false
+			l.rt.State.SetEndOfDataloader(false)
+		}()
+		if l.stream != nil {
+			l.iterateStream(yield)
+			return
+		}
+		l.iterateSource(yield)
+	}
+}
+
+func (l *DataLoader) beginEpoch() {
+	if l.iterated && !l.epochExplicit {
+		l.epoch++
+		l.skip = 0
+	}
+	l.iterated, l.epochExplicit = true, false
+	l.position = l.skip
+}
+
+func (l *DataLoader) iterateSource(yield func(Batch, error) bool) {
+	order := l.order(l.epoch)
+	n, size, rank := l.source.Len(), l.rt.Comm.Size(), l.rt.Comm.Rank()
+	numBatches, b := l.Len(), l.cfg.batchSize
+	start := l.skip
+	l.skip = 0
+	for step := start; step < numBatches; step++ {
+		lo := step * b
+		hi := min(lo+b, l.shardLen())
+		batch := Batch{Epoch: l.epoch, Step: step, ValidPerRank: make([]int, size)}
+		for r := range size {
+			for j := lo; j < hi; j++ {
+				if p := j*size + r; p < len(order) && p < n {
+					batch.ValidPerRank[r]++
+				}
+			}
+		}
+		batch.Valid = batch.ValidPerRank[rank]
+		for j := lo; j < hi; j++ {
+			if p := j*size + rank; p < len(order) {
+				batch.Indices = append(batch.Indices, order[p])
+			}
+		}
+		var err error
+		batch.Inputs, batch.Labels, err = l.source.Batch(batch.Indices)
+		if err != nil {
+			err = fmt.Errorf("prepare: loading batch %d of epoch %d: %w", step, l.epoch, err)
+		}
+		l.rt.State.SetEndOfDataloader(step == numBatches-1)
+		l.position = step + 1
+		if !yield(batch, err) || err != nil {
+			return
+		}
+	}
+}
+
+func boolToInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// PeekBatch returns this rank's first batch of the next iteration without consuming it: handy to build a
+// model (Model.Materialize) before the loop.
+func (l *DataLoader) PeekBatch() (Batch, error) {
+	if l.stream != nil {
+		return Batch{}, errors.New("prepare: PeekBatch needs an indexable source")
+	}
+	epoch := l.epoch
+	if l.iterated && !l.epochExplicit {
+		epoch++
+	}
+	order := l.order(epoch)
+	size, rank := l.rt.Comm.Size(), l.rt.Comm.Rank()
+	var indices []int
+	for j := range min(l.cfg.batchSize, l.shardLen()) {
+		if p := j*size + rank; p < len(order) {
+			indices = append(indices, order[p])
+		}
+	}
+	inputs, labels, err := l.source.Batch(indices)
+	return Batch{Inputs: inputs, Labels: labels, Indices: indices, Epoch: epoch}, err
+}

@@ -1,0 +1,421 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/context/initializers"
+	"github.com/gomlx/gomlx/pkg/ml/train/losses"
+
+	"github.com/goaccel/goaccel/accumulate"
+)
+
+// ModelFn builds the forward graph: it maps input nodes to predictions (for a classifier, logits). It is
+// GoMLX graph-building code: create variables through ctx (layers.Dense and friends do).
+type ModelFn func(ctx *context.Context, inputs []*Node) []*Node
+
+// LossFn is GoMLX's loss signature (losses.SparseCategoricalCrossEntropyLogits, losses.MeanSquaredError,
+// …). It must return a scalar; a mean-reduced loss gives gradients whose scale does not depend on the
+// batch size, which is what makes N ranks × K micro-batches equal one big batch.
+type LossFn = losses.LossFn
+
+// BucketScope is the absolute context scope of the gradient accumulators (one flat variable per bucket).
+const BucketScope = "/goaccel/buckets"
+
+// Model is a GoMLX model prepared for the job: its backward pass adds each micro-batch's gradients into
+// bucket-flat accumulators and, on sync steps, all-reduces them.
+type Model struct {
+	rt      *Runtime
+	ctx     *context.Context
+	modelFn ModelFn
+	lossFn  LossFn
+
+	materialized bool
+	// firstInputs/firstLabels are the shapes of the batch the model was materialised with; only the batch
+	// (first) dimension may differ later.
+	firstInputs, firstLabels []shapes.Shape
+	lossDType                dtypes.DType
+
+	params  []*context.Variable // trainable variables used by the model, registration order (= Plan.Params)
+	plan    accumulate.Plan
+	buckets []*context.Variable // accumulator per bucket
+	reducer *accumulate.Reducer
+
+	microExec *context.Exec
+	evalExec  *context.Exec
+
+	// onMaterialize runs after the plan exists and variables are initialised, before replicas are synced:
+	// optimizers prepared before the first batch build their state here so it is broadcast too.
+	onMaterialize []func() error
+	// extraReplicated are variables (optimizer state) broadcast along with the model's.
+	extraReplicated func() []*context.Variable
+
+	// synced is set when the accumulators hold all-reduced gradients not yet applied; syncScale is the
+	// factor (1/world size, times the short-cycle correction) the optimizer multiplies them by.
+	synced    bool
+	syncScale float64
+	// dirty is set when the accumulators may hold non-zero values.
+	dirty bool
+
+	// localLossNonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank.
+	localLossNonFinite bool
+
+	computeTime time.Duration
+	microSteps  int64
+}
+
+// NewModel prepares a model. Variables are created (or reused, if ctx already has them) the first time a
+// batch is seen, because GoMLX creates variables while building the graph for concrete input shapes; pass
+// an example batch to Materialize to do it earlier.
+func NewModel(rt *Runtime, ctx *context.Context, modelFn ModelFn, lossFn LossFn) (*Model, error) {
+	if err := rt.validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case ctx == nil:
+		return nil, errors.New("prepare: model needs a GoMLX *context.Context holding its variables")
+	case modelFn == nil:
+		return nil, errors.New("prepare: model function is nil")
+	case lossFn == nil:
+		return nil, errors.New("prepare: loss function is nil")
+	}
+	return &Model{rt: rt, ctx: ctx, modelFn: modelFn, lossFn: lossFn}, nil
+}
+
+// Context is the GoMLX context holding the model's variables.
+func (m *Model) Context() *context.Context { return m.ctx }
+
+// Materialized reports whether the model's variables and bucket plan exist.
+func (m *Model) Materialized() bool { return m.materialized }
+
+// Plan is the bucket plan (valid once materialised).
+func (m *Model) Plan() accumulate.Plan { return m.plan }
+
+// Parameters are the trainable variables the model uses, in registration order (valid once materialised).
+func (m *Model) Parameters() []*context.Variable { return m.params }
+
+// Reducer is the model's gradient reducer (valid once materialised).
+func (m *Model) Reducer() *accumulate.Reducer { return m.reducer }
+
+// ComputeTime is the time spent running the model's micro-batch steps.
+func (m *Model) ComputeTime() time.Duration { return m.computeTime }
+
+// MicroSteps is the number of micro-batches run through Backward.
+func (m *Model) MicroSteps() int64 { return m.microSteps }
+
+// Materialize builds the model for the shapes of the example batch: it creates and initialises the
+// variables, plans the buckets, lets prepared optimizers build their state, and makes every rank's
+// replica identical to rank 0's. Collective: every rank must call it (Backward does on its first call).
+func (m *Model) Materialize(batch Batch) (err error) {
+	if m.materialized {
+		return nil
+	}
+	defer recovered("prepare: building the model", &err)
+	if len(batch.Inputs) == 0 {
+		return errors.New("prepare: batch has no inputs")
+	}
+	m.firstInputs, m.firstLabels = tensorShapes(batch.Inputs), tensorShapes(batch.Labels)
+	// Build the training graph once without running it: that creates the variables and the bucket plan.
+	// (A context.Exec's PreCompile would donate the buffers of the variables the graph changes.)
+	probeGraph(m.rt, "goaccel_model_probe", m.microStepArgs(batch, 1), func(g *Graph, params []*Node) {
+		m.microStepGraph(m.ctx, params)
+	})
+	if err := m.ctx.InitializeVariables(m.rt.Backend, nil); err != nil {
+		return fmt.Errorf("prepare: initialising variables: %w", err)
+	}
+	// Every variable exists now: the executors reuse them, and would fail loudly on a new one.
+	m.microExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), m.microStepGraph)
+	if err != nil {
+		return fmt.Errorf("prepare: creating the training step: %w", err)
+	}
+	m.microExec.SetMaxCache(16)
+	m.reducer = accumulate.NewReducer(m.rt.Comm, m.plan)
+	m.materialized = true
+	for _, hook := range m.onMaterialize {
+		if err := hook(); err != nil {
+			m.materialized = false
+			return err
+		}
+	}
+	if err := CheckSameSignature(m.rt.Comm, "bucket plans", m.plan.Signature()); err != nil {
+		m.materialized = false
+		return err
+	}
+	if err := BroadcastVariables(m.rt.Comm, m.ReplicatedVariables(), 0); err != nil {
+		m.materialized = false
+		return err
+	}
+	return nil
+}
+
+// ReplicatedVariables are the variables every rank must hold identically: everything in the context but
+// the gradient accumulators, which are per-rank by nature.
+func (m *Model) ReplicatedVariables() []*context.Variable {
+	var vars []*context.Variable
+	for v := range m.ctx.IterVariables() {
+		if isBucketVariable(v) {
+			continue
+		}
+		vars = append(vars, v)
+	}
+	return vars
+}
+
+func isBucketVariable(v *context.Variable) bool { return v.Scope() == BucketScope }
+
+// microStepGraph is the compiled micro-batch step: forward, loss, gradients of the planned parameters,
+// flattened and added (times the micro-batch scale) into the bucket accumulators. Outputs the loss.
+func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
+	g := nodes[0].Graph()
+	ctx.SetTraining(g, true)
+	nIn, nLab := len(m.firstInputs), len(m.firstLabels)
+	if len(nodes) != nIn+nLab+1 {
+		panic(fmt.Sprintf("training step built with %d inputs and %d labels, got %d nodes", nIn, nLab, len(nodes)))
+	}
+	inputs, labels, scale := nodes[:nIn], nodes[nIn:nIn+nLab], nodes[nIn+nLab]
+	predictions := m.modelFn(ctx, inputs)
+	loss := m.lossFn(labels, predictions)
+	if loss == nil {
+		panic("the loss function returned nil")
+	}
+	if !loss.Shape().IsScalar() {
+		panic(fmt.Sprintf("the loss must be a scalar (reduce it with ReduceAllMean), got shape %s", loss.Shape()))
+	}
+	if m.plan.Params == nil {
+		m.planFromGraph(ctx, g)
+		m.lossDType = loss.DType()
+	}
+	values := make([]*Node, len(m.params))
+	for i, v := range m.params {
+		values[i] = v.ValueGraph(g)
+	}
+	grads := Gradient(loss, values...)
+	flats := m.plan.FlattenIntoBuckets(grads)
+	for b, acc := range m.buckets {
+		flat := flats[b]
+		flat = Mul(flat, ConvertDType(scale, flat.DType()))
+		acc.SetValueGraph(Add(acc.ValueGraph(g), flat))
+	}
+	return []*Node{ConvertDType(loss, dtypes.Float64)}
+}
+
+// planFromGraph runs once, while the first training graph is built: the model function has just created
+// its variables, so the trainable ones this graph uses are the parameters to plan buckets for.
+func (m *Model) planFromGraph(ctx *context.Context, g *Graph) {
+	var params []accumulate.Param
+	for v := range ctx.IterVariables() {
+		if v.Trainable && v.InUseByGraph(g) {
+			m.params = append(m.params, v)
+			params = append(params, accumulate.Param{Name: v.ScopeAndName(), Shape: v.Shape()})
+		}
+	}
+	if len(params) == 0 {
+		panic("the model has no trainable variables: create them through the context given to the model function")
+	}
+	plan, err := accumulate.NewPlan(params, m.rt.FirstBucketBytes, m.rt.BucketCapBytes)
+	if err != nil {
+		panic(err)
+	}
+	m.plan = plan
+	bucketCtx := ctx.InAbsPath(BucketScope).Checked(false).WithInitializer(initializers.Zero)
+	m.buckets = make([]*context.Variable, len(plan.Buckets))
+	for b, bucket := range plan.Buckets {
+		m.buckets[b] = bucketCtx.VariableWithShape(fmt.Sprintf("bucket_%03d", b), shapes.Make(bucket.DType, bucket.Size)).
+			SetTrainable(false)
+	}
+}
+
+func (m *Model) microStepArgs(batch Batch, scale float64) []any {
+	args := make([]any, 0, len(batch.Inputs)+len(batch.Labels)+1)
+	for _, t := range batch.Inputs {
+		args = append(args, t)
+	}
+	for _, t := range batch.Labels {
+		args = append(args, t)
+	}
+	return append(args, tensors.FromScalar(scale))
+}
+
+// checkBatch compares a batch with the shapes the model was built for: only the batch dimension may vary
+// (GoMLX compiles a new graph per shape, which is fine for a short last batch but not for new features).
+func (m *Model) checkBatch(batch Batch) error {
+	check := func(kind string, want []shapes.Shape, got []*tensors.Tensor) error {
+		if len(got) != len(want) {
+			return fmt.Errorf("prepare: batch has %d %s, the model was built with %d", len(got), kind, len(want))
+		}
+		for i, t := range got {
+			s := t.Shape()
+			w := want[i]
+			if s.DType != w.DType {
+				return fmt.Errorf("prepare: batch %s #%d has dtype %s, the model was built with %s", kind, i, s.DType, w.DType)
+			}
+			if s.Rank() != w.Rank() || s.Rank() == 0 {
+				return fmt.Errorf("prepare: batch %s #%d has shape %s, the model was built with %s", kind, i, s, w)
+			}
+			for axis := 1; axis < s.Rank(); axis++ {
+				if s.Dimensions[axis] != w.Dimensions[axis] {
+					return fmt.Errorf("prepare: batch %s #%d has shape %s, the model was built with %s: only the "+
+						"batch (first) dimension may change", kind, i, s, w)
+				}
+			}
+			if s.Dimensions[0] != got[0].Shape().Dimensions[0] {
+				return fmt.Errorf("prepare: batch %s #%d has %d examples, %s #0 has %d", kind, i, s.Dimensions[0],
+					kind, got[0].Shape().Dimensions[0])
+			}
+		}
+		return nil
+	}
+	if err := check("inputs", m.firstInputs, batch.Inputs); err != nil {
+		return err
+	}
+	return check("labels", m.firstLabels, batch.Labels)
+}
+
+// Backward runs one compiled forward and backward pass on batch, adds the gradients (times scale) into
+// the accumulators and, when the gradient state says this step syncs, all-reduces them. It returns the
+// batch's loss on this rank.
+func (m *Model) Backward(batch Batch, scale float64) (loss float64, err error) {
+	defer recovered("prepare: backward", &err)
+	if !m.materialized {
+		if err := m.Materialize(batch); err != nil {
+			return 0, err
+		}
+	}
+	if err := m.checkBatch(batch); err != nil {
+		return 0, err
+	}
+	if m.synced {
+		return 0, errors.New("prepare: Backward after a sync whose gradients were not applied: call the " +
+			"optimizer's Step (or ZeroGrad) first")
+	}
+	start := time.Now()
+	out, err := m.microExec.Exec(m.microStepArgs(batch, scale)...)
+	m.computeTime += time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("prepare: training step: %w", err)
+	}
+	m.microSteps++
+	m.dirty = true
+	m.rt.State.RecordMicroBatch(scale)
+	loss = tensors.ToScalar[float64](out[0])
+	if !isFinite(loss) {
+		m.localLossNonFinite = true
+	}
+	if m.rt.State.SyncGradients() {
+		if err := m.sync(); err != nil {
+			return loss, err
+		}
+	}
+	return loss, nil
+}
+
+// sync all-reduces the accumulators and records the factor that turns their sum into the mean.
+func (m *Model) sync() error {
+	buckets := make([]*tensors.Tensor, len(m.buckets))
+	for b, v := range m.buckets {
+		t, err := v.Value()
+		if err != nil {
+			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
+		}
+		buckets[b] = t
+	}
+	if m.localLossNonFinite {
+		// A NaN loss on one rank must stop the step on every rank: poisoning the sum makes every rank see a
+		// non-finite synced gradient, the same decision everywhere without another collective.
+		poisonFirstElement(buckets[0])
+	}
+	if err := m.reducer.Sync(buckets); err != nil {
+		return err
+	}
+	m.synced = true
+	m.syncScale = m.rt.State.SyncCorrection() / float64(m.rt.Comm.Size())
+	m.localLossNonFinite = false
+	m.rt.State.ResetMicroBatches()
+	return nil
+}
+
+// Synced reports whether all-reduced gradients wait to be applied.
+func (m *Model) Synced() bool { return m.synced }
+
+// clearAccumulators zeroes the accumulators on the host: cheaper than a compiled step, and ZeroGrad is not
+// on the hot path (the optimizer's update already zeroes them).
+func (m *Model) clearAccumulators() error {
+	if m.dirty || m.synced {
+		for _, v := range m.buckets {
+			if err := v.SetValue(tensors.FromShape(v.Shape())); err != nil {
+				return fmt.Errorf("prepare: clearing accumulator %q: %w", v.ScopeAndName(), err)
+			}
+		}
+	}
+	m.dirty, m.synced, m.localLossNonFinite = false, false, false
+	m.rt.State.ResetMicroBatches()
+	return nil
+}
+
+// Predict runs the model's forward graph (not in training mode) on inputs.
+func (m *Model) Predict(inputs ...*tensors.Tensor) (out []*tensors.Tensor, err error) {
+	defer recovered("prepare: predict", &err)
+	if !m.materialized {
+		return nil, errors.New("prepare: Predict before the model was built: run Backward or Materialize first")
+	}
+	if m.evalExec == nil {
+		m.evalExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), func(ctx *context.Context, in []*Node) []*Node {
+			ctx.SetTraining(in[0].Graph(), false)
+			return m.modelFn(ctx, in)
+		})
+		if err != nil {
+			return nil, err
+		}
+		m.evalExec.SetMaxCache(16)
+	}
+	args := make([]any, len(inputs))
+	for i, t := range inputs {
+		args[i] = t
+	}
+	return m.evalExec.Exec(args...)
+}
+
+// probeGraph builds a graph with parameters shaped like args and discards it: GoMLX creates variables
+// while graphs are built, so this creates them (and lets us plan buckets) without executing anything.
+func probeGraph(rt *Runtime, name string, args []any, build func(g *Graph, params []*Node)) {
+	g := NewGraph(rt.Backend, name)
+	defer g.Finalize()
+	params := make([]*Node, len(args))
+	for i, arg := range args {
+		params[i] = Parameter(g, fmt.Sprintf("arg%d", i), arg.(*tensors.Tensor).Shape())
+	}
+	build(g, params)
+}
+
+func tensorShapes(ts []*tensors.Tensor) []shapes.Shape {
+	s := make([]shapes.Shape, len(ts))
+	for i, t := range ts {
+		s[i] = t.Shape()
+	}
+	return s
+}
+
+func isFinite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// poisonFirstElement writes NaN into the first element of a float bucket.
+func poisonFirstElement(t *tensors.Tensor) {
+	_ = t.MutableFlatData(func(flat any) {
+		switch f := flat.(type) {
+		case []float32:
+			if len(f) > 0 {
+				f[0] = float32(math.NaN())
+			}
+		case []float64:
+			if len(f) > 0 {
+				f[0] = math.NaN()
+			}
+		}
+	})
+}

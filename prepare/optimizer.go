@@ -1,0 +1,270 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
+	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+)
+
+// NonFinitePolicy says what an optimizer step does when the synced gradients (or a rank's loss) hold NaN
+// or Inf. The check runs on the all-reduced gradients, which are identical on every rank, so every rank
+// takes the same decision and replicas never diverge.
+type NonFinitePolicy int
+
+const (
+	// NonFiniteApply applies the update anyway (GoMLX's behaviour; optimizers may still drop NaN updates
+	// when the context parameter optimizers.ParamClipNaN is set).
+	NonFiniteApply NonFinitePolicy = iota
+	// NonFiniteFail makes Step return a *NonFiniteError and leaves the weights untouched.
+	NonFiniteFail
+	// NonFiniteSkip skips this optimizer step (weights and optimizer state untouched, accumulators cleared)
+	// and counts it in SkippedSteps.
+	NonFiniteSkip
+)
+
+// NonFiniteError reports synced gradients that are not finite.
+type NonFiniteError struct {
+	Step int64 // the optimizer step (1-based) that was refused
+}
+
+func (e *NonFiniteError) Error() string {
+	return fmt.Sprintf("prepare: optimizer step %d: synced gradients hold NaN or Inf (a rank's loss or gradients "+
+		"were not finite); weights left unchanged", e.Step)
+}
+
+// OptimizerOption configures a prepared optimizer.
+type OptimizerOption func(*Optimizer)
+
+// ClipGradNorm scales the synced gradients so that their global L2 norm is at most maxNorm (like
+// torch.nn.utils.clip_grad_norm_). It runs on the averaged gradients, so every rank clips identically.
+func ClipGradNorm(maxNorm float64) OptimizerOption {
+	return func(o *Optimizer) { o.clipNorm = maxNorm }
+}
+
+// OnNonFinite sets the policy for NaN or Inf in the synced gradients.
+func OnNonFinite(policy NonFinitePolicy) OptimizerOption {
+	return func(o *Optimizer) { o.nonFinite = policy }
+}
+
+// AfterStep runs fn after every applied optimizer step; an error fails the step. The Accelerator's
+// replica check hooks in here.
+func AfterStep(fn func() error) OptimizerOption {
+	return func(o *Optimizer) { o.afterStep = append(o.afterStep, fn) }
+}
+
+// Optimizer applies synced gradients with a GoMLX optimizer.
+type Optimizer struct {
+	model     *Model
+	optimizer optimizers.Interface
+	withGrads train.OptimizeWithGradients
+	clipNorm  float64
+	nonFinite NonFinitePolicy
+	afterStep []func() error
+
+	applyExec    *context.Exec
+	steps        int64 // optimizer steps applied
+	skippedSteps int64
+	computeTime  time.Duration
+}
+
+// NewOptimizer prepares opt for model. opt must implement UpdateGraphWithGradients (GoMLX's SGD and Adam
+// do), because goaccel hands it averaged gradients rather than a loss.
+func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOption) (*Optimizer, error) {
+	if model == nil {
+		return nil, errors.New("prepare: optimizer needs a prepared model")
+	}
+	if opt == nil {
+		return nil, errors.New("prepare: optimizer is nil")
+	}
+	withGrads, ok := opt.(train.OptimizeWithGradients)
+	if !ok {
+		return nil, fmt.Errorf("prepare: optimizer %T cannot take gradients (it does not implement "+
+			"UpdateGraphWithGradients); use one that does, such as optimizers.StochasticGradientDescent() or "+
+			"optimizers.Adam().Done()", opt)
+	}
+	o := &Optimizer{model: model, optimizer: opt, withGrads: withGrads}
+	for _, option := range opts {
+		option(o)
+	}
+	if o.clipNorm < 0 || math.IsNaN(o.clipNorm) {
+		return nil, fmt.Errorf("prepare: gradient clipping norm must be positive, got %g", o.clipNorm)
+	}
+	if model.materialized {
+		if err := o.build(); err != nil {
+			return nil, err
+		}
+		// The model's replicas were already synced; the optimizer state is new, so sync it now.
+		if err := BroadcastVariables(model.rt.Comm, model.ReplicatedVariables(), 0); err != nil {
+			return nil, err
+		}
+	} else {
+		model.onMaterialize = append(model.onMaterialize, o.build)
+	}
+	return o, nil
+}
+
+// build compiles the update step, which creates the optimizer's state variables, and initialises them.
+func (o *Optimizer) build() (err error) {
+	defer recovered("prepare: building the optimizer step", &err)
+	m := o.model
+	probeGraph(m.rt, "goaccel_optimizer_probe", []any{tensors.FromScalar(1.0)}, func(g *Graph, params []*Node) {
+		o.applyGraph(m.ctx, params[0])
+	})
+	if err := m.ctx.InitializeVariables(m.rt.Backend, nil); err != nil {
+		return fmt.Errorf("prepare: initialising optimizer state: %w", err)
+	}
+	o.applyExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), o.applyGraph)
+	if err != nil {
+		return fmt.Errorf("prepare: creating the optimizer step: %w", err)
+	}
+	return nil
+}
+
+// applyGraph is the compiled optimizer step: it scales the all-reduced buckets into the mean gradient,
+// slices them back into parameter shapes, optionally clips them, hands them to the optimizer, and zeroes
+// the accumulators for the next cycle.
+func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
+	m := o.model
+	g := scale.Graph()
+	ctx.SetTraining(g, true)
+	// GoMLX optimizers update the trainable variables the graph uses, in registration order, matching
+	// gradients by position: use every parameter first so the two lists line up.
+	for _, v := range m.params {
+		v.ValueGraph(g)
+	}
+	buckets := make([]*Node, len(m.buckets))
+	for b, acc := range m.buckets {
+		value := acc.ValueGraph(g)
+		buckets[b] = Mul(value, ConvertDType(scale, value.DType()))
+	}
+	grads := m.plan.SplitBuckets(buckets)
+	if o.clipNorm > 0 {
+		grads = clipByGlobalNorm(grads, o.clipNorm)
+	}
+	o.withGrads.UpdateGraphWithGradients(ctx, grads, m.lossDType)
+	train.ExecPerStepUpdateGraphFn(ctx, g)
+	for _, acc := range m.buckets {
+		acc.SetValueGraph(Zeros(g, acc.Shape()))
+	}
+}
+
+// clipByGlobalNorm scales every gradient by min(1, maxNorm/‖grads‖₂), the norm taken over all of them.
+func clipByGlobalNorm(grads []*Node, maxNorm float64) []*Node {
+	g := grads[0].Graph()
+	sumSquares := ScalarZero(g, grads[0].DType())
+	for _, grad := range grads {
+		sumSquares = Add(sumSquares, ConvertDType(ReduceAllSum(Square(grad)), grads[0].DType()))
+	}
+	norm := Sqrt(sumSquares)
+	factor := Min(OnesLike(norm), Div(Scalar(g, norm.DType(), maxNorm), Max(norm, Scalar(g, norm.DType(), 1e-12))))
+	clipped := make([]*Node, len(grads))
+	for i, grad := range grads {
+		clipped[i] = Mul(grad, ConvertDType(factor, grad.DType()))
+	}
+	return clipped
+}
+
+// Step applies the synced gradients and reports whether it did. On steps that did not sync (inside
+// NoSync, or a non-final micro-batch inside Accumulate) it does nothing, as in Accelerate.
+func (o *Optimizer) Step() (stepped bool, err error) {
+	defer recovered("prepare: optimizer step", &err)
+	m := o.model
+	if !m.rt.State.SyncGradients() || !m.synced {
+		return false, nil
+	}
+	if o.applyExec == nil {
+		return false, errors.New("prepare: optimizer step before the model was built")
+	}
+	if o.nonFinite != NonFiniteApply {
+		finite, err := m.bucketsFinite()
+		if err != nil {
+			return false, err
+		}
+		if !finite {
+			refused := o.steps + o.skippedSteps + 1
+			if err := m.clearAccumulators(); err != nil {
+				return false, err
+			}
+			if o.nonFinite == NonFiniteSkip {
+				o.skippedSteps++
+				return false, nil
+			}
+			return false, &NonFiniteError{Step: refused}
+		}
+	}
+	start := time.Now()
+	_, err = o.applyExec.Exec(tensors.FromScalar(m.syncScale))
+	o.computeTime += time.Since(start)
+	if err != nil {
+		return false, fmt.Errorf("prepare: optimizer step: %w", err)
+	}
+	m.synced, m.dirty = false, false
+	o.steps++
+	for _, fn := range o.afterStep {
+		if err := fn(); err != nil {
+			return true, fmt.Errorf("prepare: after optimizer step %d: %w", o.steps, err)
+		}
+	}
+	return true, nil
+}
+
+// ZeroGrad clears the accumulated gradients and reports whether it did: like Step it is a no-op on steps
+// that did not sync, so the same loop body works with and without accumulation.
+func (o *Optimizer) ZeroGrad() (bool, error) {
+	if !o.model.rt.State.SyncGradients() {
+		return false, nil
+	}
+	return true, o.model.clearAccumulators()
+}
+
+// Steps is the number of optimizer steps applied.
+func (o *Optimizer) Steps() int64 { return o.steps }
+
+// SkippedSteps is the number of steps skipped by the NonFiniteSkip policy.
+func (o *Optimizer) SkippedSteps() int64 { return o.skippedSteps }
+
+// ComputeTime is the time spent in optimizer updates.
+func (o *Optimizer) ComputeTime() time.Duration { return o.computeTime }
+
+// Optimizer is the wrapped GoMLX optimizer.
+func (o *Optimizer) Optimizer() optimizers.Interface { return o.optimizer }
+
+// bucketsFinite scans the synced accumulators on the host.
+func (m *Model) bucketsFinite() (bool, error) {
+	for _, v := range m.buckets {
+		t, err := v.Value()
+		if err != nil {
+			return false, err
+		}
+		finite := true
+		err = t.ConstFlatData(func(flat any) {
+			switch f := flat.(type) {
+			case []float32:
+				for _, x := range f {
+					if x-x != 0 { // NaN or ±Inf
+						finite = false
+						return
+					}
+				}
+			case []float64:
+				for _, x := range f {
+					if x-x != 0 {
+						finite = false
+						return
+					}
+				}
+			}
+		})
+		if err != nil || !finite {
+			return false, err
+		}
+	}
+	return true, nil
+}

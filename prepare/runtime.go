@@ -1,0 +1,63 @@
+// Package prepare wraps the user's GoMLX objects for the job's topology: a Model whose backward pass adds
+// gradients into bucket accumulators and syncs them when due, an Optimizer that applies synced gradients,
+// and a DataLoader that gives each rank its own shard of every epoch.
+package prepare
+
+import (
+	"fmt"
+	"runtime/debug"
+
+	gomlxbackends "github.com/gomlx/gomlx/backends"
+
+	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
+)
+
+// Runtime is what prepared objects share: the compute backend, the communicator, the gradient state and
+// the bucket settings. The Accelerator builds one; tests may build their own.
+type Runtime struct {
+	Backend gomlxbackends.Backend
+	Comm    *backends.Communicator
+	State   *accumulate.GradientState
+
+	FirstBucketBytes int64
+	BucketCapBytes   int64
+}
+
+func (rt *Runtime) validate() error {
+	switch {
+	case rt == nil:
+		return fmt.Errorf("prepare: nil runtime")
+	case rt.Backend == nil:
+		return fmt.Errorf("prepare: runtime has no compute backend")
+	case rt.Comm == nil:
+		return fmt.Errorf("prepare: runtime has no communicator")
+	case rt.State == nil:
+		return fmt.Errorf("prepare: runtime has no gradient state")
+	}
+	if rt.BucketCapBytes <= 0 {
+		rt.BucketCapBytes = accumulate.DefaultBucketCapBytes
+	}
+	if rt.FirstBucketBytes <= 0 {
+		rt.FirstBucketBytes = accumulate.DefaultFirstBucketBytes
+	}
+	return nil
+}
+
+// recovered turns a panic raised while GoMLX builds or runs a graph into an error: graph-building code in
+// GoMLX (and in user model functions) reports misuse by panicking, and a library must not crash its caller.
+func recovered(what string, err *error) {
+	if r := recover(); r != nil {
+		if e, ok := r.(error); ok {
+			*err = fmt.Errorf("%s: %w", what, e)
+		} else {
+			*err = fmt.Errorf("%s: %v", what, r)
+		}
+		if debugPanics {
+			*err = fmt.Errorf("%w\n%s", *err, debug.Stack())
+		}
+	}
+}
+
+// debugPanics adds stack traces to recovered panics (set by tests when chasing a failure).
+var debugPanics = false

@@ -1,0 +1,95 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+)
+
+// Source is an indexable dataset: Len examples, any of which can be gathered into a batch. The data
+// loader shards sources by index, so every rank can compute every epoch's order without talking.
+type Source interface {
+	Len() int
+	// Batch gathers the examples at indices (in that order) into input and label tensors whose first
+	// dimension is len(indices).
+	Batch(indices []int) (inputs, labels []*tensors.Tensor, err error)
+}
+
+// tensorSource serves examples from in-memory tensors whose first axis indexes examples.
+type tensorSource struct {
+	inputs, labels []*tensors.Tensor
+	n              int
+}
+
+// TensorSource is a Source over in-memory tensors: every tensor's first axis indexes the examples, and all
+// must agree on the number of examples.
+func TensorSource(inputs, labels []*tensors.Tensor) (Source, error) {
+	if len(inputs) == 0 {
+		return nil, errors.New("prepare: tensor source needs at least one input tensor")
+	}
+	all := append(append([]*tensors.Tensor{}, inputs...), labels...)
+	n := -1
+	for i, t := range all {
+		if t == nil {
+			return nil, fmt.Errorf("prepare: tensor source: tensor #%d is nil", i)
+		}
+		s := t.Shape()
+		if s.Rank() == 0 {
+			return nil, fmt.Errorf("prepare: tensor source: tensor #%d is a scalar; the first axis must index examples", i)
+		}
+		if n >= 0 && s.Dimensions[0] != n {
+			return nil, fmt.Errorf("prepare: tensor source: tensor #%d has %d examples, tensor #0 has %d", i, s.Dimensions[0], n)
+		}
+		n = s.Dimensions[0]
+	}
+	return &tensorSource{inputs: inputs, labels: labels, n: n}, nil
+}
+
+func (s *tensorSource) Len() int { return s.n }
+
+func (s *tensorSource) Batch(indices []int) (inputs, labels []*tensors.Tensor, err error) {
+	if inputs, err = gatherRows(s.inputs, indices); err != nil {
+		return nil, nil, err
+	}
+	if labels, err = gatherRows(s.labels, indices); err != nil {
+		return nil, nil, err
+	}
+	return inputs, labels, nil
+}
+
+// gatherRows copies the rows at indices of each tensor into new tensors, byte-wise, whatever the dtype.
+func gatherRows(ts []*tensors.Tensor, indices []int) ([]*tensors.Tensor, error) {
+	out := make([]*tensors.Tensor, len(ts))
+	for i, t := range ts {
+		s := t.Shape()
+		rows := s.Dimensions[0]
+		rowBytes := 0
+		if rows > 0 {
+			rowBytes = int(s.Memory()) / rows
+		}
+		dims := append([]int{len(indices)}, s.Dimensions[1:]...)
+		batch := tensors.FromShape(shapes.Make(s.DType, dims...))
+		var gatherErr error
+		err := t.ConstBytes(func(src []byte) {
+			gatherErr = batch.MutableBytes(func(dst []byte) {
+				for j, idx := range indices {
+					if idx < 0 || idx >= rows {
+						gatherErr = fmt.Errorf("prepare: example index %d outside [0, %d)", idx, rows)
+						return
+					}
+					copy(dst[j*rowBytes:(j+1)*rowBytes], src[idx*rowBytes:(idx+1)*rowBytes])
+				}
+			})
+		})
+		if err == nil {
+			err = gatherErr
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[i] = batch
+	}
+	return out, nil
+}

@@ -1,0 +1,82 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+)
+
+type streamBatch struct {
+	inputs, labels []*tensors.Tensor
+}
+
+// iterateStream reads the dataset in rounds of N batches and keeps this rank's. It looks one round ahead
+// so that it knows which batch is the last one (the gradient state must know before that batch's backward).
+// An incomplete final round is dropped with DropLast; otherwise, with even batches, ranks without a batch of
+// their own in it reuse one of the round's batches, marked as padding (Valid = 0).
+func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
+	size, rank := l.rt.Comm.Size(), l.rt.Comm.Rank()
+	l.stream.Reset()
+	readRound := func() ([]streamBatch, error) {
+		var round []streamBatch
+		for len(round) < size {
+			_, inputs, labels, err := l.stream.Yield()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("prepare: reading dataset %q: %w", l.stream.Name(), err)
+			}
+			round = append(round, streamBatch{inputs, labels})
+		}
+		if len(round) < size && (l.cfg.dropLast || (!l.cfg.evenBatches && rank >= len(round))) {
+			return nil, nil
+		}
+		return round, nil
+	}
+	skip := l.skip
+	l.skip = 0
+	current, err := readRound()
+	if err != nil {
+		yield(Batch{}, err)
+		return
+	}
+	if len(current) == 0 && skip == 0 {
+		yield(Batch{}, fmt.Errorf("prepare: dataset %q yielded no batch for %d rank(s)", l.stream.Name(), size))
+		return
+	}
+	for step := 0; len(current) > 0; step++ {
+		next, err := readRound()
+		if err != nil {
+			yield(Batch{}, err)
+			return
+		}
+		if step < skip {
+			current = next
+			continue
+		}
+		batch := Batch{Epoch: l.epoch, Step: step, ValidPerRank: make([]int, size)}
+		for r := range size {
+			if r < len(current) {
+				batch.ValidPerRank[r] = batchRows(current[r].inputs)
+			}
+		}
+		mine := current[rank%len(current)]
+		batch.Inputs, batch.Labels, batch.Valid = mine.inputs, mine.labels, batch.ValidPerRank[rank]
+		l.rt.State.SetEndOfDataloader(len(next) == 0)
+		l.position = step + 1
+		if !yield(batch, nil) {
+			return
+		}
+		current = next
+	}
+}
+
+func batchRows(ts []*tensors.Tensor) int {
+	if len(ts) == 0 || ts[0].Shape().Rank() == 0 {
+		return 0
+	}
+	return ts[0].Shape().Dimensions[0]
+}
