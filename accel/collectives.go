@@ -185,4 +185,3 @@ func reshape(t *tensors.Tensor, dims ...int) *tensors.Tensor {
 	_ = t.ConstBytes(func(src []byte) { _ = out.MutableBytes(func(dst []byte) { copy(dst, src) }) })
 	return out
 }
-

@@ -103,4 +103,3 @@ func TestEquivalence(t *testing.T) {
 		})
 	}
 }
-
