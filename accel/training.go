@@ -143,3 +143,6 @@ func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
 	}
 	return prepare.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
 }
+
+// Models are the models prepared so far, in order.
+func (a *Accelerator) Models() []*prepare.Model { return append([]*prepare.Model(nil), a.models...) }
