@@ -24,6 +24,7 @@ type config struct {
 	comm              *backends.Communicator
 	checkReplicas     bool
 	timeout           time.Duration
+	checkpointLimit   int
 	out               io.Writer
 }
 

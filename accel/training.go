@@ -22,6 +22,9 @@ func (a *Accelerator) PrepareModel(ctx *context.Context, modelFn prepare.ModelFn
 	if err != nil {
 		return nil, err
 	}
+	if err := a.seedContext(ctx); err != nil {
+		return nil, err
+	}
 	a.models = append(a.models, m)
 	return m, nil
 }
@@ -146,3 +149,25 @@ func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
 
 // Models are the models prepared so far, in order.
 func (a *Accelerator) Models() []*prepare.Model { return append([]*prepare.Model(nil), a.models...) }
+
+// Optimizers are the optimizers prepared so far, in order.
+func (a *Accelerator) Optimizers() []*prepare.Optimizer {
+	return append([]*prepare.Optimizer(nil), a.optimizers...)
+}
+
+// seedContext makes GoMLX's random initialisation (and dropout) reproducible from the accelerator's seed,
+// unless the user already chose: a seeded RNG state, or the initializers_seed hyperparameter. Rank 0's
+// weights are broadcast anyway; the seed is what makes two runs of the same program start alike, which
+// exact resumption and run-to-run comparisons rely on.
+func (a *Accelerator) seedContext(ctx *context.Context) error {
+	if v := ctx.GetVariableByScopeAndName(context.RootScope, context.RNGStateVariableName); v != nil && v.HasValue() {
+		return nil
+	}
+	if _, found := ctx.GetParam(context.ParamInitialSeed); found {
+		return nil
+	}
+	if err := ctx.SetRNGStateFromSeed(int64(a.cfg.seed)); err != nil {
+		return fmt.Errorf("accel: seeding the model's random number generator: %w", err)
+	}
+	return nil
+}

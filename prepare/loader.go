@@ -310,3 +310,6 @@ func (l *DataLoader) PeekBatch() (Batch, error) {
 	inputs, labels, err := l.source.Batch(indices)
 	return Batch{Inputs: inputs, Labels: labels, Indices: indices, Epoch: epoch}, err
 }
+
+// Peekable reports whether PeekBatch works (the loader has an indexable source).
+func (l *DataLoader) Peekable() bool { return l.source != nil }

@@ -419,3 +419,15 @@ func poisonFirstElement(t *tensors.Tensor) {
 		}
 	})
 }
+
+// Accumulators are the bucket accumulator variables, one per bucket (valid once materialised). They are
+// per-rank: a checkpoint taken mid-cycle must keep every rank's.
+func (m *Model) Accumulators() []*context.Variable { return m.buckets }
+
+// PendingSync reports whether gradients were all-reduced but not yet applied by the optimizer.
+func (m *Model) PendingSync() bool { return m.synced }
+
+// RestoreAccumulation marks the accumulators as holding restored partial sums (or not).
+func (m *Model) RestoreAccumulation(dirty bool) {
+	m.dirty, m.synced, m.localLossNonFinite = dirty, false, false
+}

@@ -268,3 +268,9 @@ func (m *Model) bucketsFinite() (bool, error) {
 	}
 	return true, nil
 }
+
+// Restore sets the step counters from a checkpoint.
+func (o *Optimizer) Restore(steps, skipped int64) { o.steps, o.skippedSteps = steps, skipped }
+
+// Model is the model this optimizer updates.
+func (o *Optimizer) Model() *Model { return o.model }

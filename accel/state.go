@@ -1,0 +1,418 @@
+package accel
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
+
+	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// stateFormat versions the layout of state.json.
+const stateFormat = 1
+
+const (
+	stateFile        = "state.json"
+	accumulatorsFile = "accumulators.bin"
+)
+
+// savedState is what a checkpoint holds beside the variables.
+type savedState struct {
+	Format            int                 `json:"format"`
+	WorldSize         int                 `json:"world_size"`
+	AccumulationSteps int                 `json:"accumulation_steps"`
+	SyncEachBatch     bool                `json:"sync_each_batch"`
+	BucketCapMB       float64             `json:"bucket_cap_mb"`
+	Seed              uint64              `json:"seed"`
+	Backend           string              `json:"backend"`
+	Gradient          accumulate.Position `json:"gradient"`
+	Models            []savedModel        `json:"models"`
+	Optimizers        []savedOptimizer    `json:"optimizers"`
+	Loaders           []savedLoader       `json:"loaders"`
+}
+
+type savedModel struct {
+	Dir  string   `json:"dir"`
+	Plan []string `json:"plan"`
+	// Accumulating says the accumulators hold a partial cycle (saved in accumulators.bin, every rank's).
+	Accumulating bool `json:"accumulating"`
+}
+
+type savedOptimizer struct {
+	Model   int   `json:"model"`
+	Steps   int64 `json:"steps"`
+	Skipped int64 `json:"skipped"`
+}
+
+type savedLoader struct {
+	Epoch    int `json:"epoch"`
+	Position int `json:"position"`
+}
+
+// WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default: keep all).
+func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLimit = n } }
+
+// SaveState writes a checkpoint of everything needed to resume exactly: model variables and optimizer
+// state (through GoMLX's checkpoints package), the optimizer step counts, the position inside the
+// accumulation cycle with every rank's partial gradients, GoMLX's RNG state, each data loader's epoch and
+// position, and the run's configuration. It creates dir/checkpoint-NNNNNNNN atomically (see package
+// checkpoint) and returns its path.
+//
+// Collective: every rank calls it; only the main process writes, and every rank returns once the
+// checkpoint is durable, or with the main process's error.
+func (a *Accelerator) SaveState(dir string) (string, error) {
+	if err := a.checkOpen(); err != nil {
+		return "", err
+	}
+	state, err := a.currentState()
+	if err != nil {
+		return "", err
+	}
+	// Every rank's partial sums travel to the main process; at a sync boundary they are zero but still
+	// small next to the model, so the layout stays the same whatever the position.
+	accumulators := make([][]byte, len(a.models))
+	for i, m := range a.models {
+		if accumulators[i], err = a.gatherAccumulators(m); err != nil {
+			return "", fmt.Errorf("accel: saving state: %w", err)
+		}
+	}
+	var path string
+	var saveErr error
+	if a.IsMainProcess() {
+		path, saveErr = checkpoint.Write(dir, a.cfg.checkpointLimit, func(tmp string) error {
+			return a.writeState(tmp, state, accumulators)
+		})
+	}
+	// The broadcast doubles as the barrier: no rank returns before the checkpoint is durable.
+	status, err := broadcastBytes(a.comm, []byte(errorText(saveErr)+"\x00"+path))
+	if err != nil {
+		return "", fmt.Errorf("accel: saving state: %w", err)
+	}
+	msg, path := splitStatus(status)
+	if msg != "" {
+		return "", fmt.Errorf("accel: saving state (main process): %s", msg)
+	}
+	return path, nil
+}
+
+func (a *Accelerator) currentState() (savedState, error) {
+	s := savedState{Format: stateFormat, WorldSize: a.WorldSize(), AccumulationSteps: a.state.Steps(),
+		SyncEachBatch: a.state.SyncEachBatch(), BucketCapMB: a.cfg.bucketCapMB, Seed: a.cfg.seed,
+		Backend: a.compute.Name(), Gradient: a.state.Position()}
+	for i, m := range a.models {
+		if !m.Materialized() {
+			return s, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
+		}
+		if m.PendingSync() {
+			return s, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; save "+
+				"after the optimizer's Step", i)
+		}
+		s.Models = append(s.Models, savedModel{Dir: fmt.Sprintf("model-%d", i), Plan: m.Plan().Signature(),
+			Accumulating: a.state.MicroBatchesSinceSync() > 0})
+	}
+	for _, o := range a.optimizers {
+		idx := -1
+		for i, m := range a.models {
+			if m == o.Model() {
+				idx = i
+			}
+		}
+		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: o.Steps(), Skipped: o.SkippedSteps()})
+	}
+	for _, l := range a.loaders {
+		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position()})
+	}
+	return s, nil
+}
+
+// writeState fills a checkpoint directory (main process only).
+func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte) error {
+	for i, m := range a.models {
+		modelDir := filepath.Join(dir, state.Models[i].Dir)
+		if err := saveVariables(m.Context(), modelDir, m.Accumulators()); err != nil {
+			return err
+		}
+		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {
+			return err
+		}
+	}
+	data, err := json.MarshalIndent(state, "", "  ")
+	if err != nil {
+		return err
+	}
+	return checkpoint.WriteFile(filepath.Join(dir, stateFile), data)
+}
+
+// saveVariables writes ctx's variables, but the per-rank accumulators, with GoMLX's checkpoints package.
+func saveVariables(ctx *context.Context, dir string, exclude []*context.Variable) (err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	previous := ctx.Loader()
+	defer ctx.SetLoader(previous) // the handler registers itself as the context's loader; undo that
+	defer recoverInto(&err, "saving variables")
+	h, err := checkpoints.Build(ctx).Dir(dir).ExcludeAllParams().Done()
+	if err != nil {
+		return err
+	}
+	h.ExcludeVarsFromSaving(exclude...)
+	return h.Save()
+}
+
+func loadVariables(ctx *context.Context, dir string) (err error) {
+	previous := ctx.Loader()
+	defer ctx.SetLoader(previous)
+	defer recoverInto(&err, "loading variables")
+	_, err = checkpoints.Load(ctx).Dir(dir).ExcludeAllParams().Immediate().Done()
+	return err
+}
+
+func recoverInto(err *error, what string) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("accel: %s: %v", what, r)
+	}
+}
+
+// gatherAccumulators returns, on the main process, every rank's accumulator bytes (bucket by bucket, rank
+// by rank); on other ranks nil.
+func (a *Accelerator) gatherAccumulators(m *prepare.Model) ([]byte, error) {
+	var blob []byte
+	size := a.comm.Size()
+	for _, v := range m.Accumulators() {
+		value, err := v.Value()
+		if err != nil {
+			return nil, err
+		}
+		n := int(value.Shape().Memory())
+		all := make([]byte, n*size)
+		var gatherErr error
+		err = value.ConstBytes(func(data []byte) { gatherErr = a.comm.AllGather(data, all) })
+		if err == nil {
+			err = gatherErr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gathering accumulator %q: %w", v.ScopeAndName(), err)
+		}
+		if a.IsMainProcess() {
+			blob = append(blob, all...)
+		}
+	}
+	return blob, nil
+}
+
+// LoadState restores the newest checkpoint under dir (or dir itself, if it is a checkpoint) saved by
+// SaveState with the same world size, accumulation steps and models. The next iteration of each data
+// loader resumes on the first batch the saved run had not consumed.
+//
+// Collective: the main process reads the checkpoint and broadcasts it, so the other processes need no
+// access to the files (nodes without a shared filesystem work). Models are built first if needed, from the
+// first batch of the first prepared data loader.
+func (a *Accelerator) LoadState(dir string) error {
+	if err := a.checkOpen(); err != nil {
+		return err
+	}
+	if err := a.materializeForLoad(); err != nil {
+		return err
+	}
+	var stateJSON []byte
+	var blobs [][]byte
+	var readErr error
+	if a.IsMainProcess() {
+		stateJSON, blobs, readErr = a.readCheckpoint(dir)
+	}
+	status, err := broadcastBytes(a.comm, []byte(errorText(readErr)))
+	if err != nil {
+		return fmt.Errorf("accel: loading state: %w", err)
+	}
+	if len(status) > 0 {
+		return fmt.Errorf("accel: loading state (main process): %s", status)
+	}
+	if stateJSON, err = broadcastBytes(a.comm, stateJSON); err != nil {
+		return fmt.Errorf("accel: loading state: %w", err)
+	}
+	var state savedState
+	if err := json.Unmarshal(stateJSON, &state); err != nil {
+		return fmt.Errorf("accel: loading state: %w", err)
+	}
+	for i, m := range a.models {
+		if err := prepare.BroadcastVariables(a.comm, m.ReplicatedVariables(), 0); err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+		var blob []byte
+		if a.IsMainProcess() {
+			blob = blobs[i]
+		}
+		if blob, err = broadcastBytes(a.comm, blob); err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+		if err := a.restoreAccumulators(m, blob); err != nil {
+			return err
+		}
+		m.RestoreAccumulation(state.Models[i].Accumulating)
+	}
+	for i, o := range a.optimizers {
+		o.Restore(state.Optimizers[i].Steps, state.Optimizers[i].Skipped)
+	}
+	for i, l := range a.loaders {
+		if err := l.Restore(state.Loaders[i].Epoch, state.Loaders[i].Position); err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+	}
+	return a.state.Restore(state.Gradient)
+}
+
+func (a *Accelerator) materializeForLoad() error {
+	for i, m := range a.models {
+		if m.Materialized() {
+			continue
+		}
+		if len(a.loaders) == 0 || !a.loaders[0].Peekable() {
+			return fmt.Errorf("accel: loading state: model %d has no weights yet and no data loader to build it "+
+				"from: call model.Materialize with a batch first", i)
+		}
+		batch, err := a.loaders[0].PeekBatch()
+		if err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+		if err := m.Materialize(batch); err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+	}
+	return nil
+}
+
+// readCheckpoint verifies and reads a checkpoint on the main process, checks that it fits this run, and
+// loads its variables into the models' contexts.
+func (a *Accelerator) readCheckpoint(dir string) (stateJSON []byte, blobs [][]byte, err error) {
+	path, err := checkpoint.Latest(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := checkpoint.Verify(path); err != nil {
+		return nil, nil, err
+	}
+	stateJSON, err = os.ReadFile(filepath.Join(path, stateFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	var state savedState
+	if err := json.Unmarshal(stateJSON, &state); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", stateFile, err)
+	}
+	if err := a.compatible(state); err != nil {
+		return nil, nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	for i, m := range a.models {
+		modelDir := filepath.Join(path, state.Models[i].Dir)
+		if err := loadVariables(m.Context(), modelDir); err != nil {
+			return nil, nil, err
+		}
+		blob, err := os.ReadFile(filepath.Join(modelDir, accumulatorsFile))
+		if err != nil {
+			return nil, nil, err
+		}
+		blobs = append(blobs, blob)
+	}
+	return stateJSON, blobs, nil
+}
+
+// compatible checks that a saved state can resume this run exactly.
+func (a *Accelerator) compatible(s savedState) error {
+	switch {
+	case s.Format != stateFormat:
+		return fmt.Errorf("state format %d, this version reads %d", s.Format, stateFormat)
+	case s.WorldSize != a.WorldSize():
+		return fmt.Errorf("saved by %d processes, this run has %d: the data position and the per-rank partial "+
+			"gradients cannot be mapped exactly; resume with %d processes", s.WorldSize, a.WorldSize(), s.WorldSize)
+	case s.AccumulationSteps != a.state.Steps():
+		return fmt.Errorf("saved with %d accumulation steps, this run uses %d", s.AccumulationSteps, a.state.Steps())
+	case len(s.Models) != len(a.models):
+		return fmt.Errorf("saved %d model(s), this run prepared %d", len(s.Models), len(a.models))
+	}
+	for i, m := range a.models {
+		plan := m.Plan().Signature()
+		saved := s.Models[i].Plan
+		for j := range max(len(plan), len(saved)) {
+			if j >= len(plan) || j >= len(saved) || plan[j] != saved[j] {
+				return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i,
+					lineOr(saved, j), lineOr(plan, j))
+			}
+		}
+	}
+	if len(s.Optimizers) != len(a.optimizers) || len(s.Loaders) != len(a.loaders) {
+		return fmt.Errorf("saved %d optimizer(s) and %d loader(s); this run prepared %d and %d",
+			len(s.Optimizers), len(s.Loaders), len(a.optimizers), len(a.loaders))
+	}
+	return nil
+}
+
+func lineOr(lines []string, i int) string {
+	if i < len(lines) {
+		return lines[i]
+	}
+	return "<nothing>"
+}
+
+// restoreAccumulators sets this rank's part of a gathered accumulator blob.
+func (a *Accelerator) restoreAccumulators(m *prepare.Model, blob []byte) error {
+	size, rank := a.comm.Size(), a.comm.Rank()
+	offset := 0
+	for _, v := range m.Accumulators() {
+		value, err := v.Value()
+		if err != nil {
+			return err
+		}
+		n := int(value.Shape().Memory())
+		if offset+n*size > len(blob) {
+			return fmt.Errorf("accel: loading state: accumulators file is %d bytes, too short for the model", len(blob))
+		}
+		mine := blob[offset+rank*n : offset+(rank+1)*n]
+		if err := value.MutableBytes(func(data []byte) { copy(data, mine) }); err != nil {
+			return err
+		}
+		offset += n * size
+	}
+	if offset != len(blob) {
+		return fmt.Errorf("accel: loading state: accumulators file is %d bytes, the model needs %d", len(blob), offset)
+	}
+	return nil
+}
+
+// broadcastBytes sends root's (rank 0's) data of any length to every rank.
+func broadcastBytes(comm *backends.Communicator, data []byte) ([]byte, error) {
+	length := []int64{int64(len(data))}
+	if err := comm.Broadcast(length, 0); err != nil {
+		return nil, err
+	}
+	if comm.Rank() != 0 {
+		data = make([]byte, length[0])
+	}
+	if length[0] == 0 {
+		return data, nil
+	}
+	err := comm.Broadcast(data, 0)
+	return data, err
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func splitStatus(status []byte) (msg, path string) {
+	for i, c := range status {
+		if c == 0 {
+			return string(status[:i]), string(status[i+1:])
+		}
+	}
+	return string(status), ""
+}

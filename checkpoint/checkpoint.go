@@ -1,0 +1,255 @@
+// Package checkpoint writes checkpoint directories atomically and finds the latest complete one.
+//
+// A checkpoint is written into a temporary directory next to its final place, every file and the directory
+// itself are fsynced, and only then is it renamed to checkpoint-NNNNNNNN: a process killed at any moment
+// leaves either the new checkpoint whole or no trace of it beside the previous ones. A manifest records the
+// SHA-256 of every file, so a checkpoint damaged later (a disk error, a partial copy) is refused on load
+// rather than silently training from garbage.
+package checkpoint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+const (
+	// Prefix names complete checkpoints: Prefix + an 8-digit sequence number.
+	Prefix = "checkpoint-"
+	// tempPrefix names checkpoints being written; they are ignored by Latest and removed by the next Write.
+	tempPrefix = ".tmp-"
+	// ManifestFile lists the checkpoint's files and their checksums; it is written last.
+	ManifestFile = "MANIFEST.json"
+)
+
+// Manifest describes a checkpoint's files.
+type Manifest struct {
+	Sequence int               `json:"sequence"`
+	Files    map[string]string `json:"files"` // relative path → hex SHA-256
+}
+
+// Writer fills a temporary checkpoint directory. It must only create files under dir.
+type Writer func(dir string) error
+
+// Write creates the next checkpoint under root: fill runs on a fresh temporary directory, then the
+// checkpoint is made durable and renamed into place. It keeps the newest keep checkpoints (all if keep <= 0)
+// and returns the new checkpoint's path.
+func Write(root string, keep int, fill Writer) (string, error) {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", fmt.Errorf("checkpoint: creating %s: %w", root, err)
+	}
+	removeStaleTemps(root)
+	existing, err := List(root)
+	if err != nil {
+		return "", err
+	}
+	seq := 1
+	if len(existing) > 0 {
+		seq = sequenceOf(existing[len(existing)-1]) + 1
+	}
+	final := filepath.Join(root, fmt.Sprintf("%s%08d", Prefix, seq))
+	tmp, err := os.MkdirTemp(root, fmt.Sprintf("%s%s%08d-", tempPrefix, Prefix, seq))
+	if err != nil {
+		return "", fmt.Errorf("checkpoint: creating a temporary directory in %s: %w", root, err)
+	}
+	cleanup := func() { _ = os.RemoveAll(tmp) }
+	if err := fill(tmp); err != nil {
+		cleanup()
+		return "", err
+	}
+	manifest := Manifest{Sequence: seq, Files: map[string]string{}}
+	err = filepath.WalkDir(tmp, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			if err == nil && path != tmp {
+				return syncPath(path)
+			}
+			return err
+		}
+		sum, err := syncAndHash(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(tmp, path)
+		manifest.Files[filepath.ToSlash(rel)] = sum
+		return nil
+	})
+	if err == nil {
+		err = writeFileSync(filepath.Join(tmp, ManifestFile), manifest)
+	}
+	if err == nil {
+		err = syncPath(tmp)
+	}
+	if err == nil {
+		err = os.Rename(tmp, final)
+	}
+	if err == nil {
+		// The rename is durable only once the parent directory is.
+		err = syncPath(root)
+	}
+	if err != nil {
+		cleanup()
+		return "", fmt.Errorf("checkpoint: writing %s: %w", final, err)
+	}
+	if keep > 0 {
+		all, err := List(root)
+		if err != nil {
+			return final, err
+		}
+		for _, old := range all[:max(0, len(all)-keep)] {
+			if err := os.RemoveAll(old); err != nil {
+				return final, fmt.Errorf("checkpoint: removing old checkpoint %s: %w", old, err)
+			}
+		}
+	}
+	return final, nil
+}
+
+// List returns root's complete checkpoints, oldest first.
+func List(root string) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("checkpoint: listing %s: %w", root, err)
+	}
+	var dirs []string
+	for _, e := range entries {
+		if e.IsDir() && sequenceOf(e.Name()) > 0 {
+			dirs = append(dirs, filepath.Join(root, e.Name()))
+		}
+	}
+	sort.Slice(dirs, func(i, j int) bool { return sequenceOf(dirs[i]) < sequenceOf(dirs[j]) })
+	return dirs, nil
+}
+
+// Latest returns the newest complete checkpoint: root itself if it is one, else the newest under it.
+func Latest(root string) (string, error) {
+	if _, err := os.Stat(filepath.Join(root, ManifestFile)); err == nil {
+		return root, nil
+	}
+	all, err := List(root)
+	if err != nil {
+		return "", err
+	}
+	if len(all) == 0 {
+		return "", fmt.Errorf("checkpoint: no checkpoint in %s", root)
+	}
+	return all[len(all)-1], nil
+}
+
+// Verify checks that dir holds every file its manifest lists, with the recorded checksum.
+func Verify(dir string) (Manifest, error) {
+	var m Manifest
+	data, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	if err != nil {
+		return m, fmt.Errorf("checkpoint: %s is incomplete (no readable %s): %w", dir, ManifestFile, err)
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("checkpoint: %s: corrupt %s: %w", dir, ManifestFile, err)
+	}
+	for rel, want := range m.Files {
+		got, err := hashFile(filepath.Join(dir, filepath.FromSlash(rel)))
+		if err != nil {
+			return m, fmt.Errorf("checkpoint: %s: %w", dir, err)
+		}
+		if got != want {
+			return m, fmt.Errorf("checkpoint: %s: file %s is damaged (checksum mismatch)", dir, rel)
+		}
+	}
+	return m, nil
+}
+
+func sequenceOf(path string) int {
+	name := filepath.Base(path)
+	if !strings.HasPrefix(name, Prefix) {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(name, Prefix))
+	if err != nil || n < 1 {
+		return 0
+	}
+	return n
+}
+
+// removeStaleTemps deletes temporary directories left by writers that were killed.
+func removeStaleTemps(root string) {
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), tempPrefix) {
+			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+		}
+	}
+}
+
+// WriteFile writes data to path and fsyncs it.
+func WriteFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func writeFileSync(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFile(path, data)
+}
+
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+func syncAndHash(path string) (string, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func hashFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
