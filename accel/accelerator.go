@@ -75,6 +75,9 @@ func (a *Accelerator) openCommunicator() error {
 		size, rank := a.comm.Size(), a.comm.Rank()
 		a.topo = backends.Topology{Rank: rank, WorldSize: size, LocalRank: rank, LocalSize: size, Nodes: 1,
 			Source: a.comm.Name()}
+		if a.cfg.timeout > 0 {
+			a.comm.SetTimeout(a.cfg.timeout)
+		}
 		return nil
 	}
 	topo, err := backends.DetectTopology()

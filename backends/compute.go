@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
@@ -51,11 +52,31 @@ func configureDownloads(allow bool) {
 	xla.EnableAutoInstall(allow)
 }
 
-// NewCompute creates the GoMLX compute backend for this process. A backend that cannot start returns an
-// error naming it and what is missing; GoMLX's own panics are recovered.
-func NewCompute(cfg ComputeConfig) (backend gomlxbackends.Backend, err error) {
+var (
+	computeMu sync.Mutex
+	// computeByConfig holds one backend per configuration: GoMLX tensors cannot move between backend
+	// instances, so every Accelerator of a process (in-process ranks included) shares one.
+	computeByConfig = map[string]gomlxbackends.Backend{}
+)
+
+// NewCompute returns the GoMLX compute backend for this process, creating it on first use. A backend that
+// cannot start returns an error naming it and what is missing; GoMLX's own panics are recovered.
+func NewCompute(cfg ComputeConfig) (gomlxbackends.Backend, error) {
 	configureDownloads(cfg.AllowDownloads)
 	config, reason := ResolveComputeBackend(cfg)
+	computeMu.Lock()
+	defer computeMu.Unlock()
+	if backend, ok := computeByConfig[config]; ok {
+		return backend, nil
+	}
+	backend, err := newCompute(cfg, config, reason)
+	if err == nil {
+		computeByConfig[config] = backend
+	}
+	return backend, err
+}
+
+func newCompute(cfg ComputeConfig, config, reason string) (backend gomlxbackends.Backend, err error) {
 	name, _, _ := strings.Cut(config, ":")
 	if name == "xla" && cfg.LocalSize > 1 && os.Getenv("CUDA_VISIBLE_DEVICES") == "" {
 		// One GPU per process: the process of local rank r sees only GPU r, as its device 0.

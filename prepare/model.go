@@ -246,6 +246,10 @@ func (m *Model) microStepArgs(batch Batch, scale float64) []any {
 // checkBatch compares a batch with the shapes the model was built for: only the batch dimension may vary
 // (GoMLX compiles a new graph per shape, which is fine for a short last batch but not for new features).
 func (m *Model) checkBatch(batch Batch) error {
+	examples := -1
+	if len(batch.Inputs) > 0 && batch.Inputs[0].Shape().Rank() > 0 {
+		examples = batch.Inputs[0].Shape().Dimensions[0]
+	}
 	check := func(kind string, want []shapes.Shape, got []*tensors.Tensor) error {
 		if len(got) != len(want) {
 			return fmt.Errorf("prepare: batch has %d %s, the model was built with %d", len(got), kind, len(want))
@@ -265,9 +269,9 @@ func (m *Model) checkBatch(batch Batch) error {
 						"batch (first) dimension may change", kind, i, s, w)
 				}
 			}
-			if s.Dimensions[0] != got[0].Shape().Dimensions[0] {
-				return fmt.Errorf("prepare: batch %s #%d has %d examples, %s #0 has %d", kind, i, s.Dimensions[0],
-					kind, got[0].Shape().Dimensions[0])
+			if s.Dimensions[0] != examples {
+				return fmt.Errorf("prepare: batch %s #%d has %d examples, inputs #0 has %d", kind, i, s.Dimensions[0],
+					examples)
 			}
 		}
 		return nil
