@@ -1,0 +1,378 @@
+// Package enginetest checks that a collective engine behaves as backends.Engine promises. It is meant for
+// engine authors and for goaccel's own tests: every rank of a group calls [Check] on its Communicator at the
+// same time, and each gets back nil or what went wrong on that rank.
+//
+// Check runs a fixed sequence of collectives — all-reduces of every element kind with rank-dependent values
+// and lengths 0, 1, 7 and about a million; several all-reduces in flight at once, waited in a different
+// order than started; a broadcast from every root; all-gathers; barriers; and calls the Communicator must
+// reject without talking — and verifies every result exactly. The values are chosen so that sums are exact
+// in any reduction order (integers and small binary fractions for floats; uint8 sums wrap modulo 256, as in
+// C), so an engine free to reorder its reduction still has exactly one right answer. Finally it checks that
+// the Communicator's counters grew by exactly the calls and bytes of the sequence.
+//
+// The same sequence runs in a goroutine per rank of an in-process group, in the single-process engine, and
+// in each process of an `mpirun -np N` job, which is how goaccel checks its MPI binding.
+package enginetest
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/goaccel/goaccel/backends"
+)
+
+// DefaultLargeLen is the length of the large all-reduce buffers: a million elements, the size of a typical
+// gradient bucket, big enough that MPI implementations switch to their large-message algorithms.
+const DefaultLargeLen = 1 << 20
+
+// maxReported bounds how many verification failures one Check reports.
+const maxReported = 8
+
+// Option configures Check.
+type Option func(*config)
+
+type config struct {
+	largeLen int
+}
+
+// WithLargeLen sets the length of the large all-reduce buffers (DefaultLargeLen by default). Every rank
+// must use the same value.
+func WithLargeLen(n int) Option {
+	return func(c *config) { c.largeLen = n }
+}
+
+// Check runs the conformance sequence on comm and verifies every result and the counters. Every rank of
+// comm's group must call it concurrently with the same options.
+//
+// A result that is wrong on this rank does not stop the sequence — stopping would leave the other ranks
+// waiting in the next collective — so Check reports up to a handful of wrong results together. An error from
+// the Communicator itself does stop it, since the group is then out of step.
+func Check(comm *backends.Communicator, opts ...Option) error {
+	cfg := config{largeLen: DefaultLargeLen}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if cfg.largeLen < 0 {
+		return fmt.Errorf("enginetest: large length %d is negative", cfg.largeLen)
+	}
+	c := &checker{comm: comm, rank: comm.Rank(), size: comm.Size(), before: comm.Stats()}
+	steps := []func() error{
+		func() error { return c.allReduces(cfg.largeLen) },
+		c.asyncAllReduces,
+		c.broadcasts,
+		c.allGathers,
+		c.barriers,
+		c.rejectedCalls,
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("enginetest: rank %d of %d on engine %q: %w", c.rank, c.size, comm.Name(), err)
+		}
+	}
+	c.checkStats()
+	if len(c.wrong) > 0 {
+		return fmt.Errorf("enginetest: rank %d of %d on engine %q: %w", c.rank, c.size, comm.Name(),
+			errors.Join(c.wrong...))
+	}
+	return nil
+}
+
+type checker struct {
+	comm       *backends.Communicator
+	rank, size int
+	before     backends.Stats
+	// wantCalls and wantBytes are what the counters must have grown by, per operation.
+	wantCalls, wantBytes [backends.OpBarrier + 1]int64
+	wrong                []error
+}
+
+func (c *checker) fail(err error) {
+	if len(c.wrong) < maxReported {
+		c.wrong = append(c.wrong, err)
+	}
+}
+
+func (c *checker) count(op backends.Op, bytes int) {
+	c.wantCalls[op]++
+	c.wantBytes[op] += int64(bytes)
+}
+
+// elem is the set of Go element types collectives accept.
+type elem interface {
+	~float32 | ~float64 | ~int32 | ~int64 | ~uint8
+}
+
+// kindCase builds buffers of one element kind. Values depend on rank and index, and are exact under
+// summation in any order.
+type kindCase struct {
+	kind     backends.ElementKind
+	elemSize int
+	// fill returns rank's n-element buffer.
+	fill func(rank, n int) any
+	// sum returns the element-wise sum of fill(r, n) over ranks 0..size-1.
+	sum func(size, n int) any
+	// concat returns fill(0, n), fill(1, n), ... fill(size-1, n) end to end.
+	concat func(size, n int) any
+	// compare describes the first difference between got and want, or returns nil.
+	compare func(got, want any) error
+}
+
+func newKindCase[T elem](kind backends.ElementKind, value func(rank, i int) T) kindCase {
+	var zero T
+	return kindCase{
+		kind:     kind,
+		elemSize: int(unsafe.Sizeof(zero)),
+		fill: func(rank, n int) any {
+			b := make([]T, n)
+			for i := range b {
+				b[i] = value(rank, i)
+			}
+			return b
+		},
+		sum: func(size, n int) any {
+			b := make([]T, n)
+			for r := range size {
+				for i := range b {
+					b[i] += value(r, i)
+				}
+			}
+			return b
+		},
+		concat: func(size, n int) any {
+			b := make([]T, 0, size*n)
+			for r := range size {
+				for i := range n {
+					b = append(b, value(r, i))
+				}
+			}
+			return b
+		},
+		compare: func(gotAny, wantAny any) error {
+			got, want := gotAny.([]T), wantAny.([]T)
+			if len(got) != len(want) {
+				return fmt.Errorf("length %d, want %d", len(got), len(want))
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					return fmt.Errorf("element %d is %v, want %v", i, got[i], want[i])
+				}
+			}
+			return nil
+		},
+	}
+}
+
+// kindCases covers every element kind. Signs alternate so that sums cross zero; the magnitudes use the
+// high bits of the integer kinds, and uint8 sums overflow on purpose.
+var kindCases = []kindCase{
+	newKindCase(backends.Float32, func(rank, i int) float32 {
+		v := float32((rank+1)*(i%13+1)) + float32(rank%4)/4
+		if i%2 == 1 {
+			v = -v
+		}
+		return v
+	}),
+	newKindCase(backends.Float64, func(rank, i int) float64 {
+		v := float64(rank+1)*(1<<33) + float64(i%1021) + float64(rank%2)/2
+		if i%3 == 1 {
+			v = -v
+		}
+		return v
+	}),
+	newKindCase(backends.Int32, func(rank, i int) int32 {
+		return int32((rank+1)*100_003 - (i%9973)*(rank%3+1)*1000)
+	}),
+	newKindCase(backends.Int64, func(rank, i int) int64 {
+		return int64(rank+1)<<40 - int64(i)*int64(rank+1)
+	}),
+	newKindCase(backends.Uint8, func(rank, i int) uint8 {
+		return uint8(rank*37 + i*11 + 200)
+	}),
+}
+
+// allReduces sums buffers of every kind and length, one collective at a time.
+func (c *checker) allReduces(largeLen int) error {
+	for _, kc := range kindCases {
+		for _, n := range []int{0, 1, 7, largeLen} {
+			buf := kc.fill(c.rank, n)
+			if err := c.comm.AllReduceSum(buf); err != nil {
+				return fmt.Errorf("all-reduce %s[%d]: %w", kc.kind, n, err)
+			}
+			c.count(backends.OpAllReduce, n*kc.elemSize)
+			if err := kc.compare(buf, kc.sum(c.size, n)); err != nil {
+				c.fail(fmt.Errorf("all-reduce %s[%d]: %w", kc.kind, n, err))
+			}
+		}
+	}
+	return nil
+}
+
+// asyncAllReduces keeps several all-reduces in flight and waits for them in an order unrelated to the order
+// they started in, then overlaps a second wave with the tail of the first: the pattern of a bucketed
+// gradient sync.
+func (c *checker) asyncAllReduces() error {
+	type inFlight struct {
+		kc      kindCase
+		n       int
+		buf     any
+		pending *backends.Pending
+	}
+	var started []*inFlight
+	startOne := func(kc kindCase, n int) error {
+		f := &inFlight{kc: kc, n: n, buf: kc.fill(c.rank, n)}
+		var err error
+		if f.pending, err = c.comm.AllReduceSumAsync(f.buf); err != nil {
+			return fmt.Errorf("starting async all-reduce #%d %s[%d]: %w", len(started), kc.kind, n, err)
+		}
+		c.count(backends.OpAllReduce, n*kc.elemSize)
+		started = append(started, f)
+		return nil
+	}
+	waitOne := func(i int) error {
+		f := started[i]
+		if err := f.pending.Wait(); err != nil {
+			return fmt.Errorf("waiting for async all-reduce #%d %s[%d]: %w", i, f.kc.kind, f.n, err)
+		}
+		if err := f.kc.compare(f.buf, f.kc.sum(c.size, f.n)); err != nil {
+			c.fail(fmt.Errorf("async all-reduce #%d %s[%d]: %w", i, f.kc.kind, f.n, err))
+		}
+		return nil
+	}
+	// Wave one: five in flight, one of each kind, waited 3, 0, 4, 1.
+	for i, n := range []int{1000, 1 << 16, 3, 0, 100_000} {
+		if err := startOne(kindCases[i], n); err != nil {
+			return err
+		}
+	}
+	for _, i := range []int{3, 0, 4, 1} {
+		if err := waitOne(i); err != nil {
+			return err
+		}
+	}
+	// Wave two starts while #2 of wave one is still outstanding.
+	for i, n := range []int{4097, 1} {
+		if err := startOne(kindCases[(i+2)%len(kindCases)], n); err != nil {
+			return err
+		}
+	}
+	for _, i := range []int{6, 2, 5} {
+		if err := waitOne(i); err != nil {
+			return err
+		}
+	}
+	// Waiting again must return the same (nil) result without another collective.
+	if err := started[0].pending.Wait(); err != nil {
+		return fmt.Errorf("second wait of async all-reduce #0: %w", err)
+	}
+	return nil
+}
+
+// broadcasts sends from every root in turn, one kind after another, plus an empty broadcast.
+func (c *checker) broadcasts() error {
+	for root := range c.size {
+		for k, kc := range kindCases {
+			n := 257 + 31*root + k
+			buf := kc.fill(c.rank, n)
+			if err := c.comm.Broadcast(buf, root); err != nil {
+				return fmt.Errorf("broadcast %s[%d] from root %d: %w", kc.kind, n, root, err)
+			}
+			c.count(backends.OpBroadcast, n*kc.elemSize)
+			if err := kc.compare(buf, kc.fill(root, n)); err != nil {
+				c.fail(fmt.Errorf("broadcast %s[%d] from root %d: %w", kc.kind, n, root, err))
+			}
+		}
+	}
+	root := c.size - 1
+	empty := kindCases[0].fill(c.rank, 0)
+	if err := c.comm.Broadcast(empty, root); err != nil {
+		return fmt.Errorf("empty broadcast from root %d: %w", root, err)
+	}
+	c.count(backends.OpBroadcast, 0)
+	return nil
+}
+
+// allGathers gathers a small buffer of every kind, an empty one and a larger one.
+func (c *checker) allGathers() error {
+	gather := func(kc kindCase, n int) error {
+		send := kc.fill(c.rank, n)
+		recv := kc.fill(c.size+7, n*c.size) // garbage that must be overwritten everywhere
+		if err := c.comm.AllGather(send, recv); err != nil {
+			return fmt.Errorf("all-gather %s[%d]: %w", kc.kind, n, err)
+		}
+		c.count(backends.OpAllGather, n*kc.elemSize)
+		if err := kc.compare(recv, kc.concat(c.size, n)); err != nil {
+			c.fail(fmt.Errorf("all-gather %s[%d]: %w", kc.kind, n, err))
+		}
+		if err := kc.compare(send, kc.fill(c.rank, n)); err != nil {
+			c.fail(fmt.Errorf("all-gather %s[%d] changed its send buffer: %w", kc.kind, n, err))
+		}
+		return nil
+	}
+	for _, kc := range kindCases {
+		if err := gather(kc, 5); err != nil {
+			return err
+		}
+	}
+	if err := gather(kindCases[2], 0); err != nil {
+		return err
+	}
+	return gather(kindCases[1], 1<<15)
+}
+
+func (c *checker) barriers() error {
+	for i := range 3 {
+		if err := c.comm.Barrier(); err != nil {
+			return fmt.Errorf("barrier #%d: %w", i, err)
+		}
+		c.count(backends.OpBarrier, 0)
+	}
+	return nil
+}
+
+// rejectedCalls makes calls that the Communicator must refuse before they reach the engine: they return an
+// error on every rank alike, are not counted, and leave the group usable.
+func (c *checker) rejectedCalls() error {
+	rejected := []struct {
+		what string
+		call func() error
+	}{
+		{"broadcast from root == size", func() error { return c.comm.Broadcast([]float32{1}, c.size) }},
+		{"broadcast from root -1", func() error { return c.comm.Broadcast([]float32{1}, -1) }},
+		{"all-reduce of []int16", func() error { return c.comm.AllReduceSum([]int16{1}) }},
+		{"all-gather into a short buffer", func() error {
+			return c.comm.AllGather([]int32{1, 2}, make([]int32, 2*c.size-1))
+		}},
+		{"all-gather across kinds", func() error {
+			return c.comm.AllGather([]int32{1}, make([]int64, c.size))
+		}},
+	}
+	for _, r := range rejected {
+		if err := r.call(); err == nil {
+			c.fail(fmt.Errorf("%s was accepted", r.what))
+		}
+	}
+	if err := c.comm.Broken(); err != nil {
+		return fmt.Errorf("rejected calls broke the communicator: %w", err)
+	}
+	// The group must still work after the rejections.
+	if err := c.comm.Barrier(); err != nil {
+		return fmt.Errorf("barrier after rejected calls: %w", err)
+	}
+	c.count(backends.OpBarrier, 0)
+	return nil
+}
+
+func (c *checker) checkStats() {
+	delta := c.comm.Stats().Sub(c.before)
+	for op := backends.OpAllReduce; op <= backends.OpBarrier; op++ {
+		got := delta.Of(op)
+		if got.Calls != c.wantCalls[op] || got.Bytes != c.wantBytes[op] {
+			c.fail(fmt.Errorf("counters: %s counted %d calls and %d bytes, want %d calls and %d bytes",
+				op, got.Calls, got.Bytes, c.wantCalls[op], c.wantBytes[op]))
+		}
+		if got.Wait < 0 {
+			c.fail(fmt.Errorf("counters: %s wait time %s is negative", op, got.Wait))
+		}
+	}
+}

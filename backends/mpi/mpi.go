@@ -1,0 +1,420 @@
+//go:build mpi
+
+package mpi
+
+/*
+#include <stdlib.h>
+#include <mpi.h>
+
+// Open MPI defines its handles (MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM, MPI_IN_PLACE, ...) as macros over
+// addresses of library globals, which cgo cannot evaluate; MPICH defines them as integer constants. These
+// small functions hand the handles over (or use them entirely on the C side, like MPI_IN_PLACE, whose fake
+// address must never reach Go) and compile against either library.
+
+static MPI_Comm goaccel_comm_world(void) { return MPI_COMM_WORLD; }
+static int goaccel_thread_serialized(void) { return MPI_THREAD_SERIALIZED; }
+
+// The kind numbers are backends.ElementKind's.
+static MPI_Datatype goaccel_datatype(int kind) {
+	switch (kind) {
+	case 0: return MPI_FLOAT;
+	case 1: return MPI_DOUBLE;
+	case 2: return MPI_INT32_T;
+	case 3: return MPI_INT64_T;
+	case 4: return MPI_UINT8_T;
+	}
+	return MPI_DATATYPE_NULL;
+}
+
+// An empty buffer has no address in Go; MPI implementations differ in whether they accept NULL with a zero
+// count, so they get the address of this instead.
+static char goaccel_empty_buffer[1];
+static void *goaccel_buf(void *p) { return p ? p : (void *)goaccel_empty_buffer; }
+
+static int goaccel_init(int *provided) {
+	return MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, provided);
+}
+
+// Errors on the world communicator (and on every communicator duplicated from it) come back as return codes
+// instead of aborting the job from inside MPI.
+static int goaccel_errors_return(MPI_Comm comm) {
+	return MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+}
+
+// Open MPI 4.1's AVX reduction kernels (the "op avx" component) add 8- and 16-bit integers with saturating
+// instructions, so MPI_SUM on MPI_UINT8_T gives 255 instead of wrapping once a buffer is long enough to take
+// the vector path (open-mpi/ompi#8045, closed as won't fix). goaccel promises C's and Go's modulo-256 sum on
+// every engine, so uint8 sums use this user-defined operation instead.
+static void goaccel_sum_uint8(void *in, void *inout, int *len, MPI_Datatype *type) {
+	const unsigned char *a = in;
+	unsigned char *b = inout;
+	for (int i = 0; i < *len; i++) {
+		b[i] = (unsigned char)(b[i] + a[i]);
+	}
+}
+
+static MPI_Op goaccel_op_sum_uint8;
+
+static int goaccel_create_ops(void) {
+	return MPI_Op_create(goaccel_sum_uint8, 1, &goaccel_op_sum_uint8);
+}
+
+static int goaccel_free_ops(void) { return MPI_Op_free(&goaccel_op_sum_uint8); }
+
+static int goaccel_iallreduce_sum(void *buf, int count, int kind, MPI_Comm comm, MPI_Request *req) {
+	MPI_Op op = kind == 4 ? goaccel_op_sum_uint8 : MPI_SUM;
+	return MPI_Iallreduce(MPI_IN_PLACE, goaccel_buf(buf), count, goaccel_datatype(kind), op, comm, req);
+}
+
+static int goaccel_ibcast(void *buf, int count, int kind, int root, MPI_Comm comm, MPI_Request *req) {
+	return MPI_Ibcast(goaccel_buf(buf), count, goaccel_datatype(kind), root, comm, req);
+}
+
+static int goaccel_iallgather(void *send, void *recv, int count, int kind, MPI_Comm comm, MPI_Request *req) {
+	MPI_Datatype t = goaccel_datatype(kind);
+	return MPI_Iallgather(goaccel_buf(send), count, t, goaccel_buf(recv), count, t, comm, req);
+}
+
+static int goaccel_test(MPI_Request *req, int *flag) {
+	return MPI_Test(req, flag, MPI_STATUS_IGNORE);
+}
+
+static int goaccel_abort(int code) { return MPI_Abort(MPI_COMM_WORLD, code); }
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/goaccel/goaccel/backends"
+)
+
+func init() {
+	backends.RegisterEngine("mpi", open)
+}
+
+// Error is an error code returned by an MPI call, with MPI_Error_string's text.
+type Error struct {
+	Call string // the MPI function, for example "MPI_Iallreduce"
+	Code int
+	Text string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("mpi: %s failed: %s (error code %d)", e.Call, e.Text, e.Code)
+}
+
+// mpiMu is held around every call into MPI. The Communicator already serialises the calls of one engine,
+// but a process may hold several engines (and MPI_Init asks only for MPI_THREAD_SERIALIZED, which is
+// cheaper than MPI_THREAD_MULTIPLE and all that serialised calls need), so the guarantee has to be global.
+// It also guards the fields below.
+var mpiMu sync.Mutex
+
+var (
+	// engines counts open engines: MPI is finalised when the last one closes.
+	engines int
+	// initialised is set once initialisation was attempted; initErr is its outcome, returned to every
+	// later Open too.
+	initialised bool
+	initErr     error
+	// external: MPI was initialised before the first engine opened, so its owner finalises it.
+	external bool
+	// finalised: MPI_Finalize ran; MPI cannot be initialised twice in one process.
+	finalised bool
+	// inflight holds every request whose buffers MPI may still use. Being reachable from a global keeps
+	// their pinned buffers alive and keeps runtime.Pinner from panicking about a leak when a request is
+	// abandoned (a timed-out wait, an error): those stay pinned for the life of the process, which is short
+	// because a failed collective ends the job.
+	inflight = map[*request]struct{}{}
+)
+
+// check turns an MPI return code into an error. Call it with mpiMu held (MPI_Error_string is an MPI call).
+func check(call string, rc C.int) error {
+	if rc == C.MPI_SUCCESS {
+		return nil
+	}
+	buf := (*C.char)(C.malloc(C.MPI_MAX_ERROR_STRING))
+	defer C.free(unsafe.Pointer(buf))
+	var n C.int
+	text := "unknown MPI error"
+	if C.MPI_Error_string(rc, buf, &n) == C.MPI_SUCCESS {
+		text = strings.TrimSpace(C.GoString(buf))
+	}
+	return &Error{Call: call, Code: int(rc), Text: text}
+}
+
+// LibraryVersion returns the MPI library's version text (MPI_Get_library_version), for example
+// "Open MPI v4.1.4, package: Debian OpenMPI, ...". MPI allows the call before MPI_Init, so it does not
+// initialise MPI.
+func LibraryVersion() string {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	buf := (*C.char)(C.malloc(C.MPI_MAX_LIBRARY_VERSION_STRING))
+	defer C.free(unsafe.Pointer(buf))
+	var n C.int
+	if C.MPI_Get_library_version(buf, &n) != C.MPI_SUCCESS {
+		return ""
+	}
+	return strings.TrimSpace(C.GoString(buf))
+}
+
+// acquire initialises MPI on the first call and counts the engine. Call it with mpiMu held.
+func acquire() error {
+	if finalised {
+		return fmt.Errorf("mpi: MPI was already finalised in this process (the last engine was closed) and " +
+			"cannot be initialised again: open one engine per process and close it at exit")
+	}
+	if !initialised {
+		initialised = true
+		initErr = initialise()
+	}
+	if initErr != nil {
+		return initErr
+	}
+	engines++
+	return nil
+}
+
+// initialise runs once per process: MPI_Init_thread (unless MPI is already up), the thread-level check,
+// and the creation of goaccel's reduction operations.
+func initialise() error {
+	var flag C.int
+	if err := check("MPI_Initialized", C.MPI_Initialized(&flag)); err != nil {
+		return err
+	}
+	var provided C.int
+	if flag != 0 {
+		external = true
+		if err := check("MPI_Query_thread", C.MPI_Query_thread(&provided)); err != nil {
+			return err
+		}
+	} else if err := check("MPI_Init_thread", C.goaccel_init(&provided)); err != nil {
+		return err
+	}
+	if provided < C.goaccel_thread_serialized() {
+		// Go runs goroutines on any OS thread, so MPI_THREAD_FUNNELED or SINGLE would be violated by the
+		// first call that happens to run on another thread.
+		return fmt.Errorf("mpi: the MPI library provides thread level %d, below MPI_THREAD_SERIALIZED (%d) "+
+			"which Go's scheduler needs", int(provided), int(C.goaccel_thread_serialized()))
+	}
+	return check("MPI_Op_create", C.goaccel_create_ops())
+}
+
+// release uncounts an engine and finalises MPI after the last one. Call it with mpiMu held.
+func release() error {
+	engines--
+	if engines > 0 || external {
+		return nil
+	}
+	finalised = true
+	err := check("MPI_Op_free", C.goaccel_free_ops())
+	if ferr := check("MPI_Finalize", C.MPI_Finalize()); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+type engine struct {
+	comm       C.MPI_Comm // our duplicate of MPI_COMM_WORLD
+	rank, size int
+	closed     bool
+}
+
+// open is the EngineFactory. The topology is not used to set anything up (MPI knows its ranks from the
+// launcher); backends.Open compares the two afterwards.
+func open(backends.Topology) (backends.Engine, error) {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	if err := acquire(); err != nil {
+		return nil, err
+	}
+	e := &engine{}
+	if err := e.setUp(); err != nil {
+		_ = release()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *engine) setUp() error {
+	world := C.goaccel_comm_world()
+	if err := check("MPI_Comm_set_errhandler", C.goaccel_errors_return(world)); err != nil {
+		return err
+	}
+	// A duplicate keeps our collectives from matching those of any other MPI user in the process; it
+	// inherits MPI_ERRORS_RETURN.
+	if err := check("MPI_Comm_dup", C.MPI_Comm_dup(world, &e.comm)); err != nil {
+		return err
+	}
+	var rank, size C.int
+	if err := check("MPI_Comm_rank", C.MPI_Comm_rank(e.comm, &rank)); err != nil {
+		return err
+	}
+	if err := check("MPI_Comm_size", C.MPI_Comm_size(e.comm, &size)); err != nil {
+		return err
+	}
+	e.rank, e.size = int(rank), int(size)
+	return nil
+}
+
+func (e *engine) Rank() int { return e.rank }
+func (e *engine) Size() int { return e.size }
+
+// request is one non-blocking MPI collective.
+type request struct {
+	eng    *engine
+	call   string
+	handle *C.MPI_Request // C memory: MPI writes the request's completion into it asynchronously
+	pinner runtime.Pinner
+	done   bool
+	err    error
+}
+
+// start pins the buffers, allocates the request handle and calls startFn. Call it with mpiMu held.
+func (e *engine) start(call string, startFn func(handle *C.MPI_Request) C.int, bufs ...backends.BufferInfo) (backends.Request, error) {
+	if e.closed {
+		return nil, backends.ErrClosed
+	}
+	for _, b := range bufs {
+		if b.Len > math.MaxInt32 {
+			return nil, fmt.Errorf("mpi: %s of %d elements exceeds MPI's int count limit (%d); split the buffer",
+				call, b.Len, math.MaxInt32)
+		}
+	}
+	r := &request{eng: e, call: call, handle: (*C.MPI_Request)(C.malloc(C.sizeof_MPI_Request))}
+	for _, b := range bufs {
+		if b.Ptr != nil {
+			r.pinner.Pin(b.Ptr)
+		}
+	}
+	if err := check(call, startFn(r.handle)); err != nil {
+		// MPI did not take the request, so it holds no reference to the buffers.
+		r.pinner.Unpin()
+		C.free(unsafe.Pointer(r.handle))
+		return nil, err
+	}
+	inflight[r] = struct{}{}
+	return r, nil
+}
+
+// Test progresses MPI and reports whether the request completed.
+func (r *request) Test() (bool, error) {
+	if r.done {
+		return true, r.err
+	}
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	var flag C.int
+	if err := check("MPI_Test", C.goaccel_test(r.handle, &flag)); err != nil {
+		// The request's state is unknown, so its buffers stay pinned and listed in inflight.
+		r.done, r.err = true, fmt.Errorf("%s: %w", r.call, err)
+		return true, r.err
+	}
+	if flag == 0 {
+		return false, nil
+	}
+	r.done = true
+	delete(inflight, r)
+	r.pinner.Unpin()
+	C.free(unsafe.Pointer(r.handle))
+	r.handle = nil
+	return true, nil
+}
+
+func elements(buf any) (backends.BufferInfo, error) {
+	bi, err := backends.Elements(buf)
+	if err != nil {
+		return bi, fmt.Errorf("mpi: %w", err)
+	}
+	return bi, nil
+}
+
+func (e *engine) StartAllReduceSum(buf any) (backends.Request, error) {
+	bi, err := elements(buf)
+	if err != nil {
+		return nil, err
+	}
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	return e.start("MPI_Iallreduce", func(h *C.MPI_Request) C.int {
+		return C.goaccel_iallreduce_sum(bi.Ptr, C.int(bi.Len), C.int(bi.Kind), e.comm, h)
+	}, bi)
+}
+
+func (e *engine) StartBroadcast(buf any, root int) (backends.Request, error) {
+	bi, err := elements(buf)
+	if err != nil {
+		return nil, err
+	}
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	return e.start("MPI_Ibcast", func(h *C.MPI_Request) C.int {
+		return C.goaccel_ibcast(bi.Ptr, C.int(bi.Len), C.int(bi.Kind), C.int(root), e.comm, h)
+	}, bi)
+}
+
+func (e *engine) StartAllGather(send, recv any) (backends.Request, error) {
+	si, err := elements(send)
+	if err != nil {
+		return nil, err
+	}
+	ri, err := elements(recv)
+	if err != nil {
+		return nil, err
+	}
+	if si.Kind != ri.Kind || ri.Len != si.Len*e.size {
+		return nil, fmt.Errorf("mpi: all-gather of %s[%d] over %d ranks needs a %s[%d] receive buffer, got %s[%d]",
+			si.Kind, si.Len, e.size, si.Kind, si.Len*e.size, ri.Kind, ri.Len)
+	}
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	return e.start("MPI_Iallgather", func(h *C.MPI_Request) C.int {
+		return C.goaccel_iallgather(si.Ptr, ri.Ptr, C.int(si.Len), C.int(si.Kind), e.comm, h)
+	}, si, ri)
+}
+
+func (e *engine) StartBarrier() (backends.Request, error) {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	return e.start("MPI_Ibarrier", func(h *C.MPI_Request) C.int { return C.MPI_Ibarrier(e.comm, h) })
+}
+
+// Abort asks MPI to end every rank of the job. mpiMu is not taken: another goroutine may be stuck holding
+// it, and aborting is exactly what must still work then.
+func (e *engine) Abort(code int) {
+	C.goaccel_abort(C.int(code))
+	// MPI_Abort does not return in practice; if it does, at least this rank ends.
+	os.Exit(code)
+}
+
+// Close frees the communicator and finalises MPI when this was the last engine. With collectives still in
+// flight MPI cannot be finalised safely: Close then reports them and leaves MPI alone, and the launcher
+// treats the process's exit without MPI_Finalize as a failure of the job.
+func (e *engine) Close() error {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	n := 0
+	for r := range inflight {
+		if r.eng == e {
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("mpi: closing with %d collective(s) still in flight; MPI is not finalised", n)
+	}
+	err := check("MPI_Comm_free", C.MPI_Comm_free(&e.comm))
+	if rerr := release(); err == nil {
+		err = rerr
+	}
+	return err
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+
+	gomlxbackends "github.com/gomlx/gomlx/backends"
+
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/mpi"
+	"github.com/goaccel/goaccel/launch"
+)
+
+const modulePath = "github.com/goaccel/goaccel"
+
+// entry is one line of the environment report.
+type entry struct{ key, value string }
+
+func (a *app) env(args []string) int {
+	fs := flag.NewFlagSet("accel env", flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	devices := fs.Bool("devices", false, "start the compute backend even when it is not the pure-Go one "+
+		"(loads the PJRT plugin; for CUDA this initialises the GPUs)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: accel env [--devices]\n\nPrints what goaccel sees on this machine, "+
+			"for bug reports. Never downloads anything.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(a.stderr, "accel env: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	fmt.Fprintln(a.stdout, "Copy and paste the text below into your bug report.")
+	fmt.Fprintln(a.stdout)
+	printEntries(a.stdout, environmentReport(*devices))
+	return 0
+}
+
+func printEntries(w io.Writer, entries []entry) {
+	width := 0
+	for _, e := range entries {
+		width = max(width, len(e.key))
+	}
+	for _, e := range entries {
+		fmt.Fprintf(w, "- %-*s %s\n", width+1, e.key+":", e.value)
+	}
+}
+
+// environmentReport collects the report's entries, in a fixed order. Nothing in it may reach the network:
+// backends.ResolveComputeBackend turns GoMLX's plugin auto-install off before looking for plugins.
+func environmentReport(startAnyBackend bool) []entry {
+	// Read first: resolving the compute backend sets GOMLX_NO_AUTO_INSTALL in this process.
+	environment := relevantEnvironment()
+	entries := []entry{
+		{"goaccel version", moduleVersion()},
+		{"Go version", runtime.Version()},
+		{"Platform", runtime.GOOS + "/" + runtime.GOARCH},
+		{"CPUs", fmt.Sprintf("%d usable (GOMAXPROCS %d)", runtime.NumCPU(), runtime.GOMAXPROCS(0))},
+	}
+
+	topo, err := backends.DetectTopology()
+	if err != nil {
+		entries = append(entries, entry{"Topology", "error: " + err.Error()})
+	} else {
+		entries = append(entries, entry{"Topology", topo.String()})
+	}
+
+	entries = append(entries, entry{"Collective engines", strings.Join(backends.Engines(), ", ")})
+	mpiLib := "not linked (build with -tags mpi)"
+	if v := mpi.LibraryVersion(); v != "" {
+		mpiLib = firstLine(v)
+	}
+	entries = append(entries, entry{"MPI library", mpiLib})
+	entries = append(entries, entry{"mpirun", describeMPIRun()})
+
+	mca := "none needed here"
+	if params := launch.DefaultMCA(); len(params) > 0 {
+		var parts []string
+		for _, p := range params {
+			parts = append(parts, fmt.Sprintf("%s=%s (%s)", p.Name, p.Value, p.Why))
+		}
+		mca = strings.Join(parts, "; ")
+	}
+	entries = append(entries, entry{"Launcher MCA defaults", mca})
+
+	config, reason := backends.ResolveComputeBackend(backends.ComputeConfig{})
+	entries = append(entries, entry{"Compute backend", fmt.Sprintf("%s (%s)", config, reason)})
+	entries = append(entries, entry{"Compute devices", describeDevices(config, startAnyBackend, topo)})
+
+	entries = append(entries, entry{"Environment", environment})
+	return entries
+}
+
+// moduleVersion is goaccel's version as recorded in the binary: the module version when goaccel is a
+// dependency, or "(devel)" plus the VCS revision when this is goaccel's own build.
+func moduleVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown (no build information)"
+	}
+	if info.Main.Path == modulePath {
+		v := info.Main.Version
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				v += " " + s.Value
+			}
+			if s.Key == "vcs.modified" && s.Value == "true" {
+				v += " (modified)"
+			}
+		}
+		return v
+	}
+	for _, dep := range info.Deps {
+		if dep.Path == modulePath {
+			if dep.Replace != nil {
+				return dep.Version + " => " + dep.Replace.Path + " " + dep.Replace.Version
+			}
+			return dep.Version
+		}
+	}
+	return "unknown (goaccel is not in this binary's build information)"
+}
+
+func describeMPIRun() string {
+	path, err := exec.LookPath("mpirun")
+	if err != nil {
+		return "not found (apt-get install openmpi-bin libopenmpi-dev)"
+	}
+	flavor, err := launch.DetectFlavor("mpirun")
+	if err != nil {
+		return path + " (" + err.Error() + ")"
+	}
+	return fmt.Sprintf("%s (%s)", path, flavor)
+}
+
+// describeDevices starts the compute backend when that is cheap (the pure-Go one) or asked for, and lists
+// its devices.
+func describeDevices(config string, startAnyBackend bool, topo backends.Topology) string {
+	name, _, _ := strings.Cut(config, ":")
+	if name != backends.PureGoBackend && !startAnyBackend {
+		return "not started (run `accel env --devices` to start " + config + ")"
+	}
+	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: config, LocalRank: topo.LocalRank,
+		LocalSize: topo.LocalSize})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	defer backend.Finalize()
+	var devices []string
+	for d := range backend.NumDevices() {
+		devices = append(devices, fmt.Sprintf("#%d %s", d, backend.DeviceDescription(gomlxbackends.DeviceNum(d))))
+	}
+	return fmt.Sprintf("%d: %s [%s]", backend.NumDevices(), backend.Description(), strings.Join(devices, "; "))
+}
+
+// relevantEnvironment lists the variables that change what goaccel, GoMLX or Open MPI do.
+func relevantEnvironment() string {
+	var set []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.Contains([]string{"GOMLX_BACKEND", "GOMLX_NO_AUTO_INSTALL", "PJRT_PLUGIN_LIBRARY_PATH",
+			"CUDA_VISIBLE_DEVICES", backends.TimeoutEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
+			set = append(set, kv)
+		}
+	}
+	if len(set) == 0 {
+		return "(none of GOMLX_*, PJRT_PLUGIN_LIBRARY_PATH, CUDA_VISIBLE_DEVICES, " + backends.TimeoutEnvVar +
+			", OMPI_MCA_* set)"
+	}
+	slices.Sort(set)
+	return strings.Join(set, " ")
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return strings.TrimSpace(line)
+}

@@ -1,0 +1,68 @@
+// Command accel starts goaccel programs on one or more processes and describes the environment they would
+// run in, like Hugging Face's `accelerate launch` and `accelerate env`.
+//
+// Usage:
+//
+//	accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--mpirun PROGRAM] [--dry-run] [--] PROGRAM [ARGS...]
+//	accel env [--devices]
+//
+// `accel launch` runs PROGRAM in N processes under mpirun, adding the flags a Go program needs (see package
+// launch: --allow-run-as-root as root, --oversubscribe beyond the core count, --bind-to none, and the Open MPI
+// MCA settings this machine needs), and exits with the job's exit code. Everything after PROGRAM is passed
+// to it unchanged; --dry-run prints the mpirun command instead of running it. The program must be built
+// with `-tags mpi` to talk across processes.
+//
+// `accel env` prints what goaccel sees: its version, Go, the platform, the topology from the launcher's
+// environment, the collective engines linked into this binary and the MPI library, the mpirun that launch
+// would use, and the GoMLX compute backend that would be chosen. It never downloads anything. Paste its
+// output into bug reports.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/goaccel/goaccel/launch"
+)
+
+func main() {
+	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	os.Exit(a.run(os.Args[1:]))
+}
+
+// app is the command with its streams and, for tests, the launch options that pin machine detection.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	launchOptions  []launch.Option
+}
+
+const usage = `accel starts goaccel programs on several processes and describes their environment.
+
+Usage:
+  accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--dry-run] [--] PROGRAM [ARGS...]
+  accel env [--devices]
+
+Run "accel launch -h" or "accel env -h" for the flags of each command.
+`
+
+// run executes the command line and returns the process exit code: 2 for usage errors, as the flag
+// package does.
+func (a *app) run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(a.stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "launch":
+		return a.launch(args[1:])
+	case "env":
+		return a.env(args[1:])
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(a.stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(a.stderr, "accel: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/launch"
+)
+
+// pinned fixes what launch would otherwise detect, so command lines do not depend on the machine.
+var pinned = []launch.Option{
+	launch.WithFlavor(launch.OpenMPI), launch.WithRunAsRoot(false), launch.WithCPUs(2), launch.WithoutDefaultMCA(),
+}
+
+func newTestApp(opts ...launch.Option) (*app, *bytes.Buffer, *bytes.Buffer) {
+	var stdout, stderr bytes.Buffer
+	return &app{stdout: &stdout, stderr: &stderr, launchOptions: opts}, &stdout, &stderr
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+	}{
+		{
+			name:       "dry run",
+			args:       []string{"launch", "-n", "2", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 2 --bind-to none ./train\n",
+		},
+		{
+			name:       "program arguments pass through, flags included",
+			args:       []string{"launch", "-n", "4", "--dry-run", "./train", "-n", "5", "--lr=0.1", "--", "x"},
+			wantStdout: "mpirun -np 4 --oversubscribe --bind-to none ./train -n 5 --lr=0.1 -- x\n",
+		},
+		{
+			name:       "double dash ends accel's flags",
+			args:       []string{"launch", "--dry-run", "-n=2", "--", "-weird-program", "a b"},
+			wantStdout: "mpirun -np 2 --bind-to none -weird-program 'a b'\n",
+		},
+		{
+			name: "hostfile and repeated mpirun arguments",
+			args: []string{"launch", "-n", "8", "--hostfile", "hosts", "--mpirun-arg", "-x",
+				"--mpirun-arg", "NCCL_DEBUG", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 8 --hostfile hosts --bind-to none -x NCCL_DEBUG ./train\n",
+		},
+		{
+			name:       "another launcher",
+			args:       []string{"launch", "--mpirun", "/opt/ompi/bin/mpirun", "--dry-run", "./train"},
+			wantStdout: "/opt/ompi/bin/mpirun -np 1 --bind-to none ./train\n",
+		},
+		{name: "no command", args: nil, wantCode: 2, wantStderr: "Usage:"},
+		{name: "unknown command", args: []string{"train"}, wantCode: 2, wantStderr: `unknown command "train"`},
+		{name: "help", args: []string{"help"}, wantStdout: "accel launch -n N"},
+		{name: "launch without program", args: []string{"launch", "-n", "2"}, wantCode: 2, wantStderr: "missing PROGRAM"},
+		{name: "zero processes", args: []string{"launch", "-n", "0", "./train"}, wantCode: 2,
+			wantStderr: "-n must be at least 1, got 0"},
+		{name: "bad flag", args: []string{"launch", "--np", "2", "./train"}, wantCode: 2,
+			wantStderr: "flag provided but not defined: -np"},
+		{name: "launch help", args: []string{"launch", "-h"}, wantStderr: "Usage: accel launch"},
+		{name: "env takes no arguments", args: []string{"env", "extra"}, wantCode: 2, wantStderr: "unexpected arguments"},
+		{name: "dry run without mpirun", wantCode: 1, wantStderr: "apt-get install openmpi-bin libopenmpi-dev",
+			args: []string{"launch", "--mpirun", "goaccel-no-such-mpirun", "--dry-run", "./train"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts := pinned
+			if strings.Contains(tt.name, "without mpirun") {
+				opts = nil // let launch look for the launcher
+			}
+			a, stdout, stderr := newTestApp(opts...)
+			code := a.run(tt.args)
+			assert.Equal(t, tt.wantCode, code, "stderr: %s", stderr)
+			if tt.wantStdout != "" {
+				if strings.HasSuffix(tt.wantStdout, "\n") {
+					assert.Equal(t, tt.wantStdout, stdout.String())
+				} else {
+					assert.Contains(t, stdout.String(), tt.wantStdout)
+				}
+			}
+			assert.Contains(t, stderr.String(), tt.wantStderr)
+		})
+	}
+}
+
+func TestLaunchRunsAndPropagatesExitCode(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	a, stdout, stderr := newTestApp()
+	code := a.run([]string{"launch", "-n", "2", "sh", "-c",
+		`echo "rank ${OMPI_COMM_WORLD_RANK:-$PMI_RANK} of ${OMPI_COMM_WORLD_SIZE:-$PMI_SIZE}"; exit 7`})
+	assert.Equal(t, 7, code, "stderr: %s", stderr)
+	assert.Contains(t, stdout.String(), "rank 0 of 2")
+	assert.Contains(t, stdout.String(), "rank 1 of 2")
+}
+
+func TestEnvReport(t *testing.T) {
+	// An XLA configuration is named but, without --devices, must not be started (nor downloaded).
+	t.Setenv("GOMLX_BACKEND", "xla:cuda")
+	t.Setenv(backends.TimeoutEnvVar, "90s")
+	a, stdout, stderr := newTestApp()
+	require.Equal(t, 0, a.run([]string{"env"}), stderr.String())
+	out := stdout.String()
+	for _, want := range []string{
+		"- goaccel version:",
+		"- Go version:            " + runtime.Version(),
+		"- Platform:              " + runtime.GOOS + "/" + runtime.GOARCH,
+		fmt.Sprintf("- CPUs:                  %d usable", runtime.NumCPU()),
+		"- Topology:              rank 0/1",
+		"- Compute backend:       xla:cuda (requested by GOMLX_BACKEND)",
+		"- Compute devices:       not started (run `accel env --devices` to start xla:cuda)",
+		"GOACCEL_COLLECTIVE_TIMEOUT=90s GOMLX_BACKEND=xla:cuda",
+	} {
+		assert.Contains(t, out, want)
+	}
+	if backends.EngineRegistered("mpi") {
+		assert.Contains(t, out, "- Collective engines:    mpi, single")
+		assert.Regexp(t, `- MPI library: +(Open MPI|MPICH|Intel)`, out)
+	} else {
+		assert.Contains(t, out, "- Collective engines:    single\n")
+		assert.Contains(t, out, "- MPI library:           not linked (build with -tags mpi)")
+	}
+}
+
+func TestEnvStartsThePureGoBackend(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", backends.PureGoBackend)
+	a, stdout, _ := newTestApp()
+	require.Equal(t, 0, a.run([]string{"env"}))
+	assert.Regexp(t, `- Compute devices: +1: .*\[#0 `, stdout.String())
+}
+
+// `accel launch --dry-run` prints the mpirun command without running it. (The pinned options stand in for
+// what accel detects on a real machine: Open MPI, not root, two cores.)
+func Example_launch() {
+	a := &app{stdout: os.Stdout, stderr: os.Stdout, launchOptions: pinned}
+	a.run([]string{"launch", "-n", "4", "--dry-run", "./train", "-epochs", "3"})
+	// Output: mpirun -np 4 --oversubscribe --bind-to none ./train -epochs 3
+}
+
+// `accel env` reports, in this order:
+func Example_env() {
+	for _, e := range environmentReport(false) {
+		fmt.Println(e.key)
+	}
+	// Output:
+	// goaccel version
+	// Go version
+	// Platform
+	// CPUs
+	// Topology
+	// Collective engines
+	// MPI library
+	// mpirun
+	// Launcher MCA defaults
+	// Compute backend
+	// Compute devices
+	// Environment
+}

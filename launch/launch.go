@@ -1,0 +1,397 @@
+// Package launch builds and runs the mpirun command line that starts N copies of a goaccel program, the
+// way `accelerate launch` starts a PyTorch script. It is what the `accel launch` command and goaccel's own
+// multi-process tests use.
+//
+// The command line is plain mpirun; what the package adds is the set of flags a Go program needs and that
+// are easy to forget:
+//
+//   - --allow-run-as-root when running as root (containers), which Open MPI otherwise refuses;
+//   - --oversubscribe when more processes than CPU cores are asked for on this machine (no hostfile);
+//   - --bind-to none, because Open MPI binds each process to a single core when it starts two or fewer,
+//     and Go sizes its scheduler (GOMAXPROCS) from the CPUs it may run on: every rank would compute on one
+//     core however many the machine has;
+//   - the Open MPI MCA parameters of [DefaultMCA], currently btl_vader_single_copy_mechanism=none where
+//     the kernel refuses cross-process memory access (Docker's default seccomp profile).
+//
+// Each is added only when the user did not already decide: a flag of the same name among the extra
+// mpirun arguments, or an OMPI_MCA_* variable in the environment, wins. Print the result with [Argv] (or
+// `accel launch --dry-run`) to see exactly what runs.
+package launch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ErrMPIRunNotFound is returned (wrapped) when the mpirun program cannot be found.
+var ErrMPIRunNotFound = errors.New("mpirun not found: install Open MPI " +
+	"(`apt-get install openmpi-bin libopenmpi-dev`) or MPICH, or name the launcher with WithMPIRun")
+
+// Flavor is the MPI implementation behind mpirun; the flags goaccel adds depend on it.
+type Flavor int
+
+const (
+	// UnknownFlavor adds no implementation-specific flags.
+	UnknownFlavor Flavor = iota
+	// OpenMPI is Open MPI's mpirun (ORTE in 4.x, PRRTE in 5.x).
+	OpenMPI
+	// MPICH is MPICH's Hydra mpiexec/mpirun, also used by Intel MPI. It needs none of the Open MPI flags:
+	// it runs as root, oversubscribes and leaves processes unbound by default.
+	MPICH
+)
+
+func (f Flavor) String() string {
+	switch f {
+	case OpenMPI:
+		return "Open MPI"
+	case MPICH:
+		return "MPICH"
+	}
+	return "unknown MPI"
+}
+
+// MCAParam is an Open MPI MCA parameter goaccel sets, with the reason.
+type MCAParam struct {
+	Name, Value string
+	Why         string
+}
+
+// Option configures the command line.
+type Option func(*config)
+
+type config struct {
+	mpirun     string
+	hostfile   string
+	extra      []string
+	flavor     Flavor
+	flavorSet  bool
+	asRoot     bool
+	asRootSet  bool
+	cpus       int
+	bindTo     string
+	mca        []MCAParam
+	defaultMCA bool
+	environ    []string
+	stdin      io.Reader
+	stdout     io.Writer
+	stderr     io.Writer
+}
+
+// WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
+// an absolute path.
+func WithMPIRun(program string) Option { return func(c *config) { c.mpirun = program } }
+
+// WithHostfile runs the processes on the hosts listed in path (mpirun --hostfile). With a hostfile goaccel
+// no longer adds --oversubscribe: the hostfile's slots say how many processes each host takes.
+func WithHostfile(path string) Option { return func(c *config) { c.hostfile = path } }
+
+// WithMPIRunArgs passes extra arguments to mpirun, before the program. A flag given here takes precedence
+// over goaccel's default for the same flag.
+func WithMPIRunArgs(args ...string) Option {
+	return func(c *config) { c.extra = append(c.extra, args...) }
+}
+
+// WithFlavor says which MPI implementation mpirun belongs to instead of asking `mpirun --version`.
+func WithFlavor(f Flavor) Option { return func(c *config) { c.flavor, c.flavorSet = f, true } }
+
+// WithRunAsRoot says whether the job runs as root instead of checking the effective user id.
+func WithRunAsRoot(root bool) Option { return func(c *config) { c.asRoot, c.asRootSet = root, true } }
+
+// WithCPUs sets the number of cores that decides --oversubscribe (default runtime.NumCPU()).
+func WithCPUs(n int) Option { return func(c *config) { c.cpus = n } }
+
+// WithBindTo sets Open MPI's --bind-to policy ("none" by default, see the package documentation; "core",
+// "socket", ...). The empty string leaves mpirun's own default.
+func WithBindTo(policy string) Option { return func(c *config) { c.bindTo = policy } }
+
+// WithMCA sets an Open MPI MCA parameter (--mca name value); it replaces a default of the same name.
+func WithMCA(name, value string) Option {
+	return func(c *config) {
+		c.mca = append(c.mca, MCAParam{Name: name, Value: value, Why: "requested"})
+	}
+}
+
+// WithoutDefaultMCA leaves out the MCA parameters of DefaultMCA.
+func WithoutDefaultMCA() Option { return func(c *config) { c.defaultMCA = false } }
+
+// WithEnviron sets the environment the job starts with and that goaccel's defaults consult (an
+// OMPI_MCA_* variable suppresses the default of the same parameter). Default: os.Environ().
+func WithEnviron(env []string) Option { return func(c *config) { c.environ = env } }
+
+// WithStdio connects the job's standard streams (for Run; default: this process's).
+func WithStdio(stdin io.Reader, stdout, stderr io.Writer) Option {
+	return func(c *config) { c.stdin, c.stdout, c.stderr = stdin, stdout, stderr }
+}
+
+func newConfig(opts []Option) *config {
+	c := &config{mpirun: "mpirun", bindTo: "none", defaultMCA: true}
+	for _, opt := range opts {
+		opt(c)
+	}
+	if !c.asRootSet {
+		c.asRoot = os.Geteuid() == 0
+	}
+	if c.cpus <= 0 {
+		c.cpus = runtime.NumCPU()
+	}
+	if c.environ == nil {
+		c.environ = os.Environ()
+	}
+	return c
+}
+
+// Argv returns the command line that runs procs copies of program with args: argv[0] is the launcher as
+// named (see WithMPIRun). Unless WithFlavor says which MPI it is, it runs `mpirun --version` to find out,
+// and fails with ErrMPIRunNotFound when there is no mpirun.
+func Argv(procs int, program string, args []string, opts ...Option) ([]string, error) {
+	return newConfig(opts).argv(procs, program, args)
+}
+
+func (c *config) argv(procs int, program string, args []string) ([]string, error) {
+	if procs < 1 {
+		return nil, fmt.Errorf("launch: need at least 1 process, got %d", procs)
+	}
+	if program == "" {
+		return nil, errors.New("launch: missing program to run")
+	}
+	if !c.flavorSet {
+		f, err := DetectFlavor(c.mpirun)
+		if err != nil {
+			return nil, err
+		}
+		c.flavor = f
+	}
+	argv := []string{c.mpirun, "-np", fmt.Sprint(procs)}
+	if c.hostfile != "" {
+		if c.flavor == MPICH {
+			argv = append(argv, "-hostfile", c.hostfile)
+		} else {
+			argv = append(argv, "--hostfile", c.hostfile)
+		}
+	}
+	if c.flavor == OpenMPI {
+		if c.asRoot && !c.hasFlag("allow-run-as-root") {
+			argv = append(argv, "--allow-run-as-root")
+		}
+		if c.hostfile == "" && procs > c.cpus && !c.hasFlag("oversubscribe") {
+			argv = append(argv, "--oversubscribe")
+		}
+		if c.bindTo != "" && !c.hasFlag("bind-to") && c.env("OMPI_MCA_hwloc_base_binding_policy") == "" {
+			argv = append(argv, "--bind-to", c.bindTo)
+		}
+		for _, p := range c.mcaParams() {
+			argv = append(argv, "--mca", p.Name, p.Value)
+		}
+	}
+	argv = append(argv, c.extra...)
+	argv = append(argv, program)
+	return append(argv, args...), nil
+}
+
+// mcaParams returns the defaults the user did not decide on (by WithMCA, in the extra arguments, or with
+// an OMPI_MCA_* variable in the environment), followed by the parameters requested with WithMCA.
+func (c *config) mcaParams() []MCAParam {
+	var out []MCAParam
+	if c.defaultMCA {
+		for _, p := range DefaultMCA() {
+			requested := slices.ContainsFunc(c.mca, func(q MCAParam) bool { return q.Name == p.Name })
+			if !requested && c.env("OMPI_MCA_"+p.Name) == "" && !c.extraSetsMCA(p.Name) {
+				out = append(out, p)
+			}
+		}
+	}
+	return append(out, c.mca...)
+}
+
+// hasFlag reports whether the extra arguments contain the Open MPI flag name, spelled with one or two
+// dashes, alone or with =value.
+func (c *config) hasFlag(name string) bool {
+	for _, a := range c.extra {
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *config) extraSetsMCA(name string) bool {
+	for i, a := range c.extra {
+		if (a == "--mca" || a == "-mca" || a == "--gmca" || a == "-gmca") && i+1 < len(c.extra) && c.extra[i+1] == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *config) env(name string) string {
+	for _, kv := range slices.Backward(c.environ) {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
+// DefaultMCA returns the Open MPI MCA parameters goaccel adds on this machine, with the reason for each:
+//
+//   - btl_vader_single_copy_mechanism=none when the kernel does not let processes read each other's memory
+//     (process_vm_readv fails, as under Docker's default seccomp profile without CAP_SYS_PTRACE, or Yama's
+//     ptrace_scope forbids it). Open MPI's shared-memory transport then logs "Read -1, expected N,
+//     errno = 1" for every large message and falls back to a slower path on its own; "none" goes straight
+//     to copy-in/copy-out through the shared segment. Where single copy works it is faster (a 32 MB
+//     all-reduce between two ranks: about 16 ms against 23 ms), so it is left on.
+//
+// The check looks at the machine running the launcher; on a cluster whose nodes differ, set the parameter
+// yourself (`--mca btl_vader_single_copy_mechanism none` or OMPI_MCA_btl_vader_single_copy_mechanism=none).
+func DefaultMCA() []MCAParam {
+	var params []MCAParam
+	if ok, why := probeSingleCopy(); !ok {
+		params = append(params, MCAParam{Name: "btl_vader_single_copy_mechanism", Value: "none",
+			Why: "cross-process memory access (CMA) is unavailable: " + why})
+	}
+	return params
+}
+
+// probeSingleCopy is singleCopyWorks, replaceable in tests.
+var probeSingleCopy = singleCopyWorks
+
+var (
+	flavorMu    sync.Mutex
+	flavorCache = map[string]Flavor{}
+)
+
+// DetectFlavor asks the launcher (for example "mpirun") which MPI implementation it belongs to, running
+// `mpirun --version` once per launcher name per process. It fails with ErrMPIRunNotFound when the launcher
+// is not on PATH.
+func DetectFlavor(mpirun string) (Flavor, error) {
+	flavorMu.Lock()
+	defer flavorMu.Unlock()
+	if f, ok := flavorCache[mpirun]; ok {
+		return f, nil
+	}
+	path, err := exec.LookPath(mpirun)
+	if err != nil {
+		return UnknownFlavor, fmt.Errorf("launch: %q: %w", mpirun, ErrMPIRunNotFound)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	f := flavorOf(string(out))
+	flavorCache[mpirun] = f
+	return f, nil
+}
+
+func flavorOf(versionText string) Flavor {
+	switch v := strings.ToLower(versionText); {
+	case strings.Contains(v, "open mpi") || strings.Contains(v, "openrte") || strings.Contains(v, "open-mpi"):
+		return OpenMPI
+	case strings.Contains(v, "hydra") || strings.Contains(v, "mpich") || strings.Contains(v, "intel"):
+		return MPICH
+	}
+	return UnknownFlavor
+}
+
+// Command returns the mpirun command for procs copies of program, ready to start. Its standard streams are
+// unset (exec's default: /dev/null) unless WithStdio is given. Cancelling ctx sends mpirun SIGTERM, which
+// it forwards to every process of the job, and SIGKILL ten seconds later if the job is still running.
+func Command(ctx context.Context, procs int, program string, args []string, opts ...Option) (*exec.Cmd, error) {
+	c := newConfig(opts)
+	argv, err := c.argv(procs, program, args)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		return nil, fmt.Errorf("launch: %q: %w", argv[0], ErrMPIRunNotFound)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = c.environ
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = c.stdin, c.stdout, c.stderr
+	// mpirun cleans up its job on SIGTERM; SIGKILL (exec's default) would orphan the ranks.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	return cmd, nil
+}
+
+// Run runs procs copies of program under mpirun, connected to this process's standard streams (or those of
+// WithStdio), and returns mpirun's exit code: 0 when every process succeeded, otherwise (for Open MPI and
+// MPICH) the code of the first process that failed, or 128+N when mpirun was ended by signal N. SIGINT,
+// SIGTERM and SIGHUP received meanwhile are passed on to mpirun, which ends the job. The error is non-nil
+// only when the job could not be started.
+func Run(ctx context.Context, procs int, program string, args []string, opts ...Option) (exitCode int, err error) {
+	opts = append([]Option{WithStdio(os.Stdin, os.Stdout, os.Stderr)}, opts...)
+	cmd, err := Command(ctx, procs, program, args, opts...)
+	if err != nil {
+		return 0, err
+	}
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(signals)
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("launch: starting %s: %w", cmd.Path, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	for {
+		select {
+		case sig := <-signals:
+			_ = cmd.Process.Signal(sig)
+		case err := <-waited:
+			return ExitCode(err), nil
+		}
+	}
+}
+
+// ExitCode converts the error of exec.Cmd.Wait or Run into the exit code a shell would report: 0 for nil,
+// the process's exit status, 128+N for death by signal N, and 1 for anything else.
+func ExitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		if code := exitErr.ExitCode(); code >= 0 {
+			return code
+		}
+	}
+	return 1
+}
+
+// String renders argv as a shell command line, quoting where needed, for printing.
+func String(argv []string) string {
+	var b bytes.Buffer
+	for i, a := range argv {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(shellQuote(a))
+	}
+	return b.String()
+}
+
+func shellQuote(s string) string {
+	if s == "" {
+		return "''"
+	}
+	if strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
