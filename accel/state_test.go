@@ -21,6 +21,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -223,7 +224,7 @@ func TestMain(m *testing.M) {
 		saveLoop(dir)
 		return
 	}
-	os.Exit(m.Run())
+	mpitest.Main(m)
 }
 
 // saveLoop trains a model large enough that writing a checkpoint takes a while, saving after every step.
