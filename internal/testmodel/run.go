@@ -21,6 +21,9 @@ type Run struct {
 	ManualK int
 	// AfterStep, if set, runs after each applied optimizer step.
 	AfterStep func(step int64) error
+	// LossFn replaces Loss, and LossScale (when non-zero) is passed to every Backward.
+	LossFn    prepare.LossFn
+	LossScale float64
 }
 
 // Result is what a run leaves behind.
@@ -36,7 +39,11 @@ type Result struct {
 // Train runs the loop a user would write.
 func (r Run) Train(acc *accel.Accelerator) (Result, error) {
 	ctx := context.New()
-	model, err := acc.PrepareModel(ctx, MLP, Loss)
+	lossFn := r.LossFn
+	if lossFn == nil {
+		lossFn = Loss
+	}
+	model, err := acc.PrepareModel(ctx, MLP, lossFn)
 	if err != nil {
 		return Result{}, err
 	}
@@ -101,7 +108,11 @@ func (r Run) Train(acc *accel.Accelerator) (Result, error) {
 				}
 			} else {
 				err = acc.Accumulate(model, func() error {
-					loss, err := acc.Backward(model, batch)
+					var opts []accel.BackwardOption
+					if r.LossScale != 0 {
+						opts = append(opts, accel.LossScale(r.LossScale))
+					}
+					loss, err := acc.Backward(model, batch, opts...)
 					res.Losses = append(res.Losses, loss)
 					if err != nil {
 						return err

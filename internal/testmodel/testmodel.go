@@ -118,9 +118,15 @@ func CopyParams(dst *context.Context, vars []*context.Variable) error {
 // ReferenceTrain trains with GoMLX's own train.Trainer, one optimizer step per given batch: the result a
 // distributed, accumulating run must reproduce.
 func ReferenceTrain(backend gomlxbackends.Backend, ctx *context.Context, kind OptimizerKind, batches [][2]*tensors.Tensor) error {
+	return ReferenceTrainWithLoss(backend, ctx, kind, Loss, batches)
+}
+
+// ReferenceTrainWithLoss is ReferenceTrain with another loss.
+func ReferenceTrainWithLoss(backend gomlxbackends.Backend, ctx *context.Context, kind OptimizerKind, loss losses.LossFn,
+	batches [][2]*tensors.Tensor) error {
 	trainer := train.NewTrainer(backend, ctx.Checked(false),
 		func(ctx *context.Context, _ any, inputs []*Node) []*Node { return MLP(ctx, inputs) },
-		Loss, NewOptimizer(kind), nil, nil)
+		loss, NewOptimizer(kind), nil, nil)
 	for i, b := range batches {
 		if _, err := trainer.TrainStep(nil, []*tensors.Tensor{b[0]}, []*tensors.Tensor{b[1]}); err != nil {
 			return fmt.Errorf("reference step %d: %w", i, err)

@@ -1,0 +1,45 @@
+# goaccel: `make demo` trains the example on one CPU, `make test` runs every test (real MPI included).
+# Both install what they need first (OpenMPI, the Fashion-MNIST Debian package).
+
+GO ?= go
+# The pure-Go GoMLX backend is the default; never let GoMLX download plugins during a build or test.
+export GOMLX_NO_AUTO_INSTALL := 1
+DEMO_ARGS ?=
+
+.PHONY: all demo demo-mpi test vet build bench deps deps-openmpi deps-dataset clean
+
+all: build
+
+deps: deps-openmpi deps-dataset
+deps-openmpi:
+	@bash scripts/install-deps.sh openmpi
+deps-dataset:
+	@bash scripts/install-deps.sh dataset
+
+build: deps-openmpi
+	mkdir -p bin
+	$(GO) build -o bin/accel ./cmd/accel
+	$(GO) build -tags mpi -o bin/grad_accum ./examples/grad_accum
+
+# The demo on one CPU.
+demo: deps-dataset
+	$(GO) run ./examples/grad_accum $(DEMO_ARGS)
+
+# The same demo on 2 processes (same global batch: half the per-rank batch).
+demo-mpi: build deps-dataset
+	bin/accel launch -n 2 -- bin/grad_accum -batch 32 $(DEMO_ARGS)
+
+vet: deps-openmpi
+	test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	$(GO) vet -tags mpi ./...
+
+# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries).
+test: deps vet
+	$(GO) test -count=1 -timeout 45m ./...
+
+bench: deps
+	$(GO) run -tags mpi ./bench/cmd/accelbench -out docs/benchmarks.md
+
+clean:
+	rm -rf bin

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what goaccel's tests and demo need on a Debian/Ubuntu machine, skipping what is already there:
+#   openmpi  - OpenMPI (mpirun and the headers the mpi build tag compiles against) and pkg-config
+#   dataset  - Fashion-MNIST in /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)
+# Usage: scripts/install-deps.sh [openmpi] [dataset]   (no argument: both)
+set -euo pipefail
+
+want=("$@")
+[ ${#want[@]} -eq 0 ] && want=(openmpi dataset)
+
+packages=()
+for w in "${want[@]}"; do
+	case "$w" in
+	openmpi)
+		command -v mpirun >/dev/null 2>&1 && pkg-config --exists ompi-c 2>/dev/null ||
+			packages+=(libopenmpi-dev openmpi-bin pkg-config)
+		;;
+	dataset)
+		[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || packages+=(dataset-fashion-mnist)
+		;;
+	*)
+		echo "install-deps: unknown component '$w' (want openmpi or dataset)" >&2
+		exit 2
+		;;
+	esac
+done
+
+[ ${#packages[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+	if command -v sudo >/dev/null 2>&1; then
+		sudo="sudo"
+	else
+		echo "install-deps: need root (or sudo) to install: ${packages[*]}" >&2
+		exit 1
+	fi
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+	echo "install-deps: no apt-get; install these yourself: ${packages[*]}" >&2
+	exit 1
+fi
+echo "install-deps: installing ${packages[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" </dev/null
