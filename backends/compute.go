@@ -78,9 +78,10 @@ func NewCompute(cfg ComputeConfig) (gomlxbackends.Backend, error) {
 
 func newCompute(cfg ComputeConfig, config, reason string) (backend gomlxbackends.Backend, err error) {
 	name, _, _ := strings.Cut(config, ":")
-	if name == "xla" && cfg.LocalSize > 1 && os.Getenv("CUDA_VISIBLE_DEVICES") == "" {
-		// One GPU per process: the process of local rank r sees only GPU r, as its device 0.
-		_ = os.Setenv("CUDA_VISIBLE_DEVICES", strconv.Itoa(cfg.LocalRank))
+	if name == "xla" {
+		if devices, ok := visibleDeviceForRank(os.Getenv("CUDA_VISIBLE_DEVICES"), cfg.LocalRank, cfg.LocalSize); ok {
+			_ = os.Setenv("CUDA_VISIBLE_DEVICES", devices)
+		}
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -97,4 +98,23 @@ func newCompute(cfg ComputeConfig, config, reason string) (backend gomlxbackends
 		return nil, fmt.Errorf("backends: compute backend %q (%s) failed to start: %w%s", config, reason, err, hint)
 	}
 	return backend, nil
+}
+
+// visibleDeviceForRank chooses CUDA_VISIBLE_DEVICES for the process of local rank r among localSize: one GPU
+// per process, seen as its device 0. Unset means every GPU of the node is visible, so rank r takes GPU r.
+// Schedulers often expose all of a node's GPUs to every task (SLURM's --gpus-per-node): a list with one
+// entry per local rank is narrowed to this rank's entry. Anything else (one entry, a list that does not
+// match the ranks) is the user's choice and is left alone.
+func visibleDeviceForRank(current string, localRank, localSize int) (string, bool) {
+	if localSize <= 1 {
+		return "", false
+	}
+	if current == "" {
+		return strconv.Itoa(localRank), true
+	}
+	list := strings.Split(current, ",")
+	if len(list) == localSize && localRank < len(list) {
+		return strings.TrimSpace(list[localRank]), true
+	}
+	return "", false
 }

@@ -1,0 +1,57 @@
+package backends
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestVisibleDeviceForRank(t *testing.T) {
+	for _, tc := range []struct {
+		current    string
+		rank, size int
+		want       string
+		wantSet    bool
+		name       string
+	}{
+		{"", 0, 1, "", false, "single process keeps every device"},
+		{"", 2, 4, "2", true, "unset: GPU of the local rank"},
+		{"0,1,2,3", 3, 4, "3", true, "scheduler exposed the node's GPUs to every task"},
+		{"4, 5", 1, 2, "5", true, "entries are trimmed"},
+		{"GPU-aa,GPU-bb", 0, 2, "GPU-aa", true, "UUIDs work too"},
+		{"1", 0, 2, "", false, "one GPU per task already chosen by the scheduler"},
+		{"0,1,2", 1, 2, "", false, "a list that does not match the ranks is the user's choice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, set := visibleDeviceForRank(tc.current, tc.rank, tc.size)
+			assert.Equal(t, tc.wantSet, set)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestResolveComputeBackend(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", "")
+	cfg, reason := ResolveComputeBackend(ComputeConfig{Backend: "xla:cuda"})
+	assert.Equal(t, "xla:cuda", cfg)
+	assert.Contains(t, reason, "option")
+	t.Setenv("GOMLX_BACKEND", "go")
+	cfg, reason = ResolveComputeBackend(ComputeConfig{})
+	assert.Equal(t, "go", cfg)
+	assert.Contains(t, reason, "GOMLX_BACKEND")
+	t.Setenv("GOMLX_BACKEND", "")
+	t.Setenv("PJRT_PLUGIN_LIBRARY_PATH", t.TempDir()) // no plugin there, and no download may happen
+	cfg, _ = ResolveComputeBackend(ComputeConfig{})
+	assert.Equal(t, PureGoBackend, cfg)
+}
+
+func TestNewComputeNamesWhatIsMissing(t *testing.T) {
+	t.Setenv("PJRT_PLUGIN_LIBRARY_PATH", t.TempDir())
+	_, err := NewCompute(ComputeConfig{Backend: "xla:cuda"})
+	if assert.Error(t, err) {
+		assert.Contains(t, err.Error(), `"xla:cuda"`)
+		assert.Contains(t, err.Error(), "PJRT")
+	}
+	_, err = NewCompute(ComputeConfig{Backend: "nosuch"})
+	assert.ErrorContains(t, err, "nosuch")
+}
