@@ -8,6 +8,7 @@ package accumulate
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
@@ -60,14 +61,19 @@ var reducibleDTypes = map[dtypes.DType]bool{dtypes.Float32: true, dtypes.Float64
 // them) and planned in reverse, the order backward produces their gradients. Each dtype gets its own
 // buckets; the first bucket of each dtype is capped at firstBucketBytes and later ones at bucketCapBytes.
 // A parameter larger than the cap gets a bucket of its own. Buckets are ordered by when their first
-// gradient becomes ready.
+// gradient becomes ready. A firstBucketBytes of zero or less means DefaultFirstBucketBytes; either way the
+// first bucket is never allowed to be larger than bucketCapBytes.
 func NewPlan(params []Param, firstBucketBytes, bucketCapBytes int64) (Plan, error) {
 	if bucketCapBytes <= 0 {
 		return Plan{}, fmt.Errorf("accumulate: bucket cap must be positive, got %d bytes", bucketCapBytes)
 	}
-	if firstBucketBytes <= 0 || firstBucketBytes > bucketCapBytes {
-		firstBucketBytes = min(DefaultFirstBucketBytes, bucketCapBytes)
+	if firstBucketBytes <= 0 {
+		firstBucketBytes = DefaultFirstBucketBytes
 	}
+	firstBucketBytes = min(firstBucketBytes, bucketCapBytes)
+	// The plan keeps its own copy: Signature must describe the layout the buckets were planned for even if
+	// the caller reuses its slice.
+	params = slices.Clone(params)
 	plan := Plan{Params: params, Where: make([][2]int, len(params))}
 	open := map[dtypes.DType]int{}    // dtype → index of its open bucket
 	closed := map[dtypes.DType]bool{} // dtype → whether it already closed a bucket (so the first cap is spent)

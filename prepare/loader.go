@@ -94,7 +94,9 @@ func NewDataLoader(rt *Runtime, source Source, opts ...LoaderOption) (*DataLoade
 	if n <= 0 {
 		return nil, errors.New("prepare: the dataset is empty (zero examples)")
 	}
-	if l.Len() == 0 {
+	// Only drop-last can leave a rank without a batch while others have one (with uneven shards a rank with
+	// no example is what the user asked for; even batches always give every rank at least one).
+	if l.cfg.dropLast && l.Len() == 0 {
 		return nil, fmt.Errorf("prepare: batch size %d is larger than the %d examples each of the %d rank(s) gets "+
 			"with drop-last: an epoch would have no batch", l.cfg.batchSize, n/rt.Comm.Size(), rt.Comm.Size())
 	}
@@ -138,12 +140,18 @@ func (l *DataLoader) SetSeedIfUnset(seed uint64) {
 }
 
 // SetEpoch selects the epoch whose order the next iteration yields. Without it, each new iteration
-// advances the epoch by one, so forgetting it does not repeat the same order.
+// advances the epoch by one, so forgetting it does not repeat the same order. Setting the epoch a Restore
+// selected keeps the restored position; any other epoch starts at its first batch.
 func (l *DataLoader) SetEpoch(epoch int) {
 	if epoch != l.epoch {
 		l.skip = 0
 	}
 	l.epoch, l.epochExplicit = epoch, true
+	if !l.iterating {
+		// Position describes the epoch the next iteration yields, so that a checkpoint written between
+		// SetEpoch and the loop resumes there, not at the previous epoch's end.
+		l.position = l.skip
+	}
 }
 
 // Epoch is the epoch of the current (or next) iteration.
@@ -158,7 +166,10 @@ func (l *DataLoader) Position() int { return l.position }
 // Restore makes the next iteration yield epoch's batches from batch position on: a resumed job skips the
 // batches it consumed before its checkpoint without computing them.
 func (l *DataLoader) Restore(epoch, position int) error {
-	if position < 0 || (l.source != nil && position > l.Len()) {
+	if position < 0 {
+		return fmt.Errorf("prepare: cannot resume at batch %d: positions count batches from 0", position)
+	}
+	if l.source != nil && position > l.Len() {
 		return fmt.Errorf("prepare: cannot resume at batch %d of an epoch of %d batches", position, l.Len())
 	}
 	l.epoch, l.epochExplicit, l.skip, l.position = epoch, true, position, position
@@ -177,8 +188,12 @@ func (l *DataLoader) Len() int {
 	return (shardLen + l.cfg.batchSize - 1) / l.cfg.batchSize
 }
 
-// shardLen is the number of examples (padding included) each rank gets per epoch.
-func (l *DataLoader) shardLen() int {
+// shardLen is the number of examples (padding included) this rank gets per epoch.
+func (l *DataLoader) shardLen() int { return l.shardLenOf(l.rt.Comm.Rank()) }
+
+// shardLenOf is the number of examples (padding included) rank gets per epoch: the same for every rank
+// unless even batches are off.
+func (l *DataLoader) shardLenOf(rank int) int {
 	n, size := l.source.Len(), l.rt.Comm.Size()
 	if l.cfg.dropLast {
 		return n / size
@@ -186,7 +201,6 @@ func (l *DataLoader) shardLen() int {
 	if l.cfg.evenBatches {
 		return (n + size - 1) / size
 	}
-	rank := l.rt.Comm.Rank()
 	return n/size + boolToInt(rank < n%size)
 }
 
@@ -247,39 +261,46 @@ func (l *DataLoader) beginEpoch() {
 }
 
 func (l *DataLoader) iterateSource(yield func(Batch, error) bool) {
-	order := l.order(l.epoch)
-	n, size, rank := l.source.Len(), l.rt.Comm.Size(), l.rt.Comm.Rank()
-	numBatches, b := l.Len(), l.cfg.batchSize
+	// The epoch is read once: a SetEpoch inside the loop is for the next iteration.
+	epoch := l.epoch
+	order := l.order(epoch)
+	numBatches := l.Len()
 	start := l.skip
 	l.skip = 0
 	for step := start; step < numBatches; step++ {
-		lo := step * b
-		hi := min(lo+b, l.shardLen())
-		batch := Batch{Epoch: l.epoch, Step: step, ValidPerRank: make([]int, size)}
-		for r := range size {
-			for j := lo; j < hi; j++ {
-				if p := j*size + r; p < len(order) && p < n {
-					batch.ValidPerRank[r]++
-				}
-			}
-		}
-		batch.Valid = batch.ValidPerRank[rank]
-		for j := lo; j < hi; j++ {
-			if p := j*size + rank; p < len(order) {
-				batch.Indices = append(batch.Indices, order[p])
-			}
-		}
-		var err error
-		batch.Inputs, batch.Labels, err = l.source.Batch(batch.Indices)
-		if err != nil {
-			err = fmt.Errorf("prepare: loading batch %d of epoch %d: %w", step, l.epoch, err)
-		}
+		batch, err := l.sourceBatch(order, epoch, step)
 		l.rt.State.SetEndOfDataloader(step == numBatches-1)
 		l.position = step + 1
 		if !yield(batch, err) || err != nil {
 			return
 		}
 	}
+}
+
+// sourceBatch gathers this rank's batch step of the epoch whose global order is order. Rank r's j-th
+// example of the epoch is order[j·N + r]; positions from n on are the even-batches padding.
+func (l *DataLoader) sourceBatch(order []int, epoch, step int) (Batch, error) {
+	n, size, rank := l.source.Len(), l.rt.Comm.Size(), l.rt.Comm.Rank()
+	lo := step * l.cfg.batchSize
+	batch := Batch{Epoch: epoch, Step: step, ValidPerRank: make([]int, size)}
+	for r := range size {
+		// Each rank's own shard length: without even batches the ranks' last batches differ.
+		for j := lo; j < min(lo+l.cfg.batchSize, l.shardLenOf(r)); j++ {
+			if j*size+r < n {
+				batch.ValidPerRank[r]++
+			}
+		}
+	}
+	batch.Valid = batch.ValidPerRank[rank]
+	for j := lo; j < min(lo+l.cfg.batchSize, l.shardLen()); j++ {
+		batch.Indices = append(batch.Indices, order[j*size+rank])
+	}
+	var err error
+	batch.Inputs, batch.Labels, err = l.source.Batch(batch.Indices)
+	if err != nil {
+		err = fmt.Errorf("prepare: loading batch %d of epoch %d: %w", step, epoch, err)
+	}
+	return batch, err
 }
 
 func boolToInt(b bool) int {
@@ -290,25 +311,24 @@ func boolToInt(b bool) int {
 }
 
 // PeekBatch returns this rank's first batch of the next iteration without consuming it: handy to build a
-// model (Model.Materialize) before the loop.
+// model (Model.Materialize) before the loop. After a Restore at the very end of an epoch, where the next
+// iteration yields nothing, it returns that epoch's first batch so that the model can still be built.
 func (l *DataLoader) PeekBatch() (Batch, error) {
 	if l.stream != nil {
 		return Batch{}, errors.New("prepare: PeekBatch needs an indexable source")
 	}
-	epoch := l.epoch
+	if l.Len() == 0 {
+		return Batch{}, fmt.Errorf("prepare: rank %d has no batch to peek at: its shard is empty", l.rt.Comm.Rank())
+	}
+	// The same choice of epoch and first batch as beginEpoch makes.
+	epoch, step := l.epoch, l.skip
 	if l.iterated && !l.epochExplicit {
-		epoch++
+		epoch, step = epoch+1, 0
 	}
-	order := l.order(epoch)
-	size, rank := l.rt.Comm.Size(), l.rt.Comm.Rank()
-	var indices []int
-	for j := range min(l.cfg.batchSize, l.shardLen()) {
-		if p := j*size + rank; p < len(order) {
-			indices = append(indices, order[p])
-		}
+	if step >= l.Len() {
+		step = 0
 	}
-	inputs, labels, err := l.source.Batch(indices)
-	return Batch{Inputs: inputs, Labels: labels, Indices: indices, Epoch: epoch}, err
+	return l.sourceBatch(l.order(epoch), epoch, step)
 }
 
 // Peekable reports whether PeekBatch works (the loader has an indexable source).

@@ -65,31 +65,34 @@ func gatherRows(ts []*tensors.Tensor, indices []int) ([]*tensors.Tensor, error) 
 	for i, t := range ts {
 		s := t.Shape()
 		rows := s.Dimensions[0]
-		rowBytes := 0
-		if rows > 0 {
-			rowBytes = int(s.Memory()) / rows
+		// Indices are checked before any copy: an error raised inside the byte-access callbacks is easy to
+		// lose, and a bad index must never turn into a silently zeroed example.
+		for _, idx := range indices {
+			if idx < 0 || idx >= rows {
+				return nil, fmt.Errorf("prepare: example index %d outside [0, %d)", idx, rows)
+			}
 		}
 		dims := append([]int{len(indices)}, s.Dimensions[1:]...)
 		batch := tensors.FromShape(shapes.Make(s.DType, dims...))
-		var gatherErr error
+		out[i] = batch
+		if batch.Shape().Size() == 0 {
+			continue // nothing to copy, and GoMLX's byte views need at least one element
+		}
+		rowBytes := int(s.Memory()) / rows
+		var copyErr error
 		err := t.ConstBytes(func(src []byte) {
-			gatherErr = batch.MutableBytes(func(dst []byte) {
+			copyErr = batch.MutableBytes(func(dst []byte) {
 				for j, idx := range indices {
-					if idx < 0 || idx >= rows {
-						gatherErr = fmt.Errorf("prepare: example index %d outside [0, %d)", idx, rows)
-						return
-					}
 					copy(dst[j*rowBytes:(j+1)*rowBytes], src[idx*rowBytes:(idx+1)*rowBytes])
 				}
 			})
 		})
 		if err == nil {
-			err = gatherErr
+			err = copyErr
 		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("prepare: gathering examples: %w", err)
 		}
-		out[i] = batch
 	}
 	return out, nil
 }

@@ -15,20 +15,26 @@ type streamBatch struct {
 // iterateStream reads the dataset in rounds of N batches and keeps this rank's. It looks one round ahead
 // so that it knows which batch is the last one (the gradient state must know before that batch's backward).
 // An incomplete final round is dropped with DropLast; otherwise, with even batches, ranks without a batch of
-// their own in it reuse one of the round's batches, marked as padding (Valid = 0).
+// their own in it reuse one of the round's batches, marked as padding (Valid = 0). Without even batches
+// such ranks simply yield one batch fewer.
 func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 	size, rank := l.rt.Comm.Size(), l.rt.Comm.Rank()
+	epoch := l.epoch // a SetEpoch inside the loop is for the next iteration
 	l.stream.Reset()
+	// eof: the dataset said io.EOF. It is not asked again: train.Dataset only promises Reset after io.EOF.
+	eof, read := false, 0
 	readRound := func() ([]streamBatch, error) {
 		var round []streamBatch
-		for len(round) < size {
+		for len(round) < size && !eof {
 			_, inputs, labels, err := l.stream.Yield()
 			if errors.Is(err, io.EOF) {
+				eof = true
 				break
 			}
 			if err != nil {
 				return nil, fmt.Errorf("prepare: reading dataset %q: %w", l.stream.Name(), err)
 			}
+			read++
 			round = append(round, streamBatch{inputs, labels})
 		}
 		if len(round) < size && (l.cfg.dropLast || (!l.cfg.evenBatches && rank >= len(round))) {
@@ -43,8 +49,9 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 		yield(Batch{}, err)
 		return
 	}
-	if len(current) == 0 && skip == 0 {
-		yield(Batch{}, fmt.Errorf("prepare: dataset %q yielded no batch for %d rank(s)", l.stream.Name(), size))
+	if len(current) == 0 && skip == 0 && (read == 0 || l.cfg.dropLast) {
+		yield(Batch{}, fmt.Errorf("prepare: dataset %q yielded %d batch(es), too few for one round of %d rank(s)",
+			l.stream.Name(), read, size))
 		return
 	}
 	for step := 0; len(current) > 0; step++ {
@@ -57,7 +64,7 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 			current = next
 			continue
 		}
-		batch := Batch{Epoch: l.epoch, Step: step, ValidPerRank: make([]int, size)}
+		batch := Batch{Epoch: epoch, Step: step, ValidPerRank: make([]int, size)}
 		for r := range size {
 			if r < len(current) {
 				batch.ValidPerRank[r] = batchRows(current[r].inputs)

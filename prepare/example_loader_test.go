@@ -1,0 +1,58 @@
+package prepare_test
+
+import (
+	"fmt"
+
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+
+	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// Ten examples on three ranks, batch size 2, shuffled with a fixed seed. Every rank computes the same
+// permutation of the epoch and takes every third example of it; the ten examples do not split evenly, so
+// the last round wraps around to the permutation's start, and Valid tells which examples are real.
+func ExampleDataLoader() {
+	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: "go"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	values := make([]float32, 10)
+	for i := range values {
+		values[i] = float32(i)
+	}
+	source, err := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(values, 10)}, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	comms, err := backends.NewInProcessGroup(3) // one Communicator per rank; here all in one goroutine
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for rank, comm := range comms {
+		state, _ := accumulate.NewGradientState(1, false)
+		rt := &prepare.Runtime{Backend: backend, Comm: comm, State: state}
+		loader, err := prepare.NewDataLoader(rt, source, prepare.BatchSize(2), prepare.Shuffle(), prepare.Seed(42))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("rank %d:", rank)
+		for batch, err := range loader.All() {
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			fmt.Printf(" %v (valid %d)", batch.Indices, batch.Valid)
+		}
+		fmt.Println()
+	}
+	// Output:
+	// rank 0: [3 6] (valid 2) [0 8] (valid 2)
+	// rank 1: [2 4] (valid 2) [7 3] (valid 1)
+	// rank 2: [5 1] (valid 2) [9 2] (valid 1)
+}
