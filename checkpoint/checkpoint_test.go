@@ -1,0 +1,126 @@
+package checkpoint_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/checkpoint"
+)
+
+func writeText(text string) checkpoint.Writer {
+	return func(dir string) error {
+		if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+			return err
+		}
+		return checkpoint.WriteFile(filepath.Join(dir, "sub", "data.txt"), []byte(text))
+	}
+}
+
+func TestWriteKeepsNewestAndVerifies(t *testing.T) {
+	root := t.TempDir()
+	for i := range 5 {
+		path, err := checkpoint.Write(root, 3, writeText(fmt.Sprint("v", i)))
+		require.NoError(t, err)
+		assert.Equal(t, filepath.Join(root, fmt.Sprintf("checkpoint-%08d", i+1)), path)
+	}
+	all, err := checkpoint.List(root)
+	require.NoError(t, err)
+	require.Len(t, all, 3, "only the newest 3 are kept")
+	assert.Equal(t, "checkpoint-00000003", filepath.Base(all[0]))
+
+	latest, err := checkpoint.Latest(root)
+	require.NoError(t, err)
+	m, err := checkpoint.Verify(latest)
+	require.NoError(t, err)
+	assert.Equal(t, 5, m.Sequence)
+	assert.Contains(t, m.Files, "sub/data.txt")
+	data, err := os.ReadFile(filepath.Join(latest, "sub", "data.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "v4", string(data))
+
+	self, err := checkpoint.Latest(latest)
+	require.NoError(t, err)
+	assert.Equal(t, latest, self, "a checkpoint directory is its own latest")
+}
+
+func TestFailedOrInterruptedWritesLeaveNoCheckpoint(t *testing.T) {
+	root := t.TempDir()
+	_, err := checkpoint.Write(root, 0, writeText("good"))
+	require.NoError(t, err)
+
+	_, err = checkpoint.Write(root, 0, func(dir string) error {
+		_ = checkpoint.WriteFile(filepath.Join(dir, "half"), []byte("x"))
+		return errors.New("disk full")
+	})
+	require.ErrorContains(t, err, "disk full")
+	// A writer killed mid-way leaves a temporary directory behind: it is not a checkpoint.
+	require.NoError(t, os.Mkdir(filepath.Join(root, ".tmp-checkpoint-00000002-123"), 0o755))
+	all, err := checkpoint.List(root)
+	require.NoError(t, err)
+	assert.Len(t, all, 1)
+	latest, err := checkpoint.Latest(root)
+	require.NoError(t, err)
+	assert.Equal(t, "checkpoint-00000001", filepath.Base(latest))
+
+	// The next write removes the leftover.
+	_, err = checkpoint.Write(root, 0, writeText("next"))
+	require.NoError(t, err)
+	leftovers, _ := filepath.Glob(filepath.Join(root, ".tmp-*"))
+	assert.Empty(t, leftovers)
+}
+
+func TestVerifyRefusesDamage(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(dir string) error
+		want   string
+	}{
+		{"changed file", func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, "sub", "data.txt"), []byte("tampered"), 0o644)
+		}, "damaged"},
+		{"missing file", func(dir string) error { return os.Remove(filepath.Join(dir, "sub", "data.txt")) }, "no such file"},
+		{"no manifest", func(dir string) error { return os.Remove(filepath.Join(dir, checkpoint.ManifestFile)) }, "incomplete"},
+		{"corrupt manifest", func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, checkpoint.ManifestFile), []byte("{"), 0o644)
+		}, "corrupt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, err := checkpoint.Write(t.TempDir(), 0, writeText("v"))
+			require.NoError(t, err)
+			require.NoError(t, tc.damage(path))
+			_, err = checkpoint.Verify(path)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestLatestWithoutCheckpoints(t *testing.T) {
+	_, err := checkpoint.Latest(filepath.Join(t.TempDir(), "missing"))
+	assert.ErrorContains(t, err, "no checkpoint")
+}
+
+func Example() {
+	root, _ := os.MkdirTemp("", "ckpt")
+	defer os.RemoveAll(root)
+	for _, text := range []string{"first", "second", "third"} {
+		_, err := checkpoint.Write(root, 2, func(dir string) error {
+			return checkpoint.WriteFile(filepath.Join(dir, "weights.txt"), []byte(text))
+		})
+		if err != nil {
+			fmt.Println(err)
+		}
+	}
+	all, _ := checkpoint.List(root)
+	latest, _ := checkpoint.Latest(root)
+	_, err := checkpoint.Verify(latest)
+	data, _ := os.ReadFile(filepath.Join(latest, "weights.txt"))
+	fmt.Println(len(all), filepath.Base(latest), string(data), err)
+	// Output: 2 checkpoint-00000003 third <nil>
+}
