@@ -1,0 +1,75 @@
+package backends_test
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/goaccel/goaccel/backends"
+)
+
+// Four goroutine ranks sum their buffers with an asynchronous all-reduce; the counters show the calls.
+func ExampleNewInProcessGroup() {
+	comms, err := backends.NewInProcessGroup(4)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sums := make([][]float32, 4)
+	var wg sync.WaitGroup
+	for rank, comm := range comms {
+		wg.Go(func() {
+			buf := []float32{float32(rank), 1}
+			pending, err := comm.AllReduceSumAsync(buf)
+			if err == nil {
+				err = pending.Wait()
+			}
+			if err != nil {
+				fmt.Println(err)
+			}
+			sums[rank] = buf
+		})
+	}
+	wg.Wait()
+	stats := comms[0].Stats().Of(backends.OpAllReduce)
+	fmt.Println(sums[0], sums[3], "calls:", stats.Calls, "bytes:", stats.Bytes)
+	// Output: [6 4] [6 4] calls: 1 bytes: 8
+}
+
+// Without a launcher's environment a program is rank 0 of 1.
+func ExampleDetectTopology() {
+	topo, err := backends.DetectTopology()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(topo.Rank, topo.WorldSize, topo.IsMain(), topo.Source)
+	// Output: 0 1 true default
+}
+
+// Open picks a registered collective engine by name; "single" serves a world of one process.
+func ExampleOpen() {
+	comm, err := backends.Open("single", backends.Topology{WorldSize: 1, LocalSize: 1, Nodes: 1})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer comm.Close()
+	buf := []float64{1.5}
+	fmt.Println(comm.Name(), comm.Size(), comm.AllReduceSum(buf), buf)
+	_, err = backends.Open("mpi", backends.Topology{WorldSize: 2, LocalSize: 2, Nodes: 1})
+	fmt.Println(err != nil)
+	// Output:
+	// single 1 <nil> [1.5]
+	// true
+}
+
+// NewCompute returns the pure-Go GoMLX backend unless XLA is asked for (or installed).
+func ExampleNewCompute() {
+	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: backends.PureGoBackend})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(backend.Name())
+	// Output: SimpleGo (go)
+}
