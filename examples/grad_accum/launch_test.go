@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/internal/mpitest"
+)
+
+// TestLaunchTwoProcessesMatchesOne: the unchanged demo under `accel launch -n 2` reaches the same test
+// accuracy (±0.01) as one process on the same data, epochs and global batch (2 × 32 = 64 examples per
+// micro-batch), with the same number of optimizer steps — and its gradients really crossed processes.
+func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
+	if _, err := os.Stat(fashionmnist.DefaultDir); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Fashion-MNIST is required in CI (apt-get install %s): %v", fashionmnist.DebianPackage, err)
+		}
+		t.Skipf("Fashion-MNIST not installed (apt-get install %s): %v", fashionmnist.DebianPackage, err)
+	}
+	mpitest.RequireMPIRun(t)
+	bin := t.TempDir()
+	build := func(out, pkg string, tags ...string) {
+		args := append([]string{"build", "-o", filepath.Join(bin, out)}, tags...)
+		cmd := exec.Command("go", append(args, pkg)...)
+		cmd.Dir = "../.."
+		output, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", output)
+	}
+	build("accel", "./cmd/accel")
+	build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
+
+	common := []string{"-limit", "12000", "-epochs", "1", "-k", "2", "-quiet", "-seed", "5"}
+	code, stdout, stderr := runMain(t, append([]string{"-batch", "64"}, common...)...)
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	single := parseSummary(t, stdout)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "accel"), append([]string{"launch", "-n", "2", "--",
+		filepath.Join(bin, "grad_accum"), "-batch", "32"}, common...)...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	require.NoError(t, cmd.Run(), "stdout: %s\nstderr: %s", out.String(), errOut.String())
+	double := parseSummary(t, out.String())
+
+	assert.Equal(t, 2, double.WorldSize)
+	assert.Equal(t, single.GlobalBatch, double.GlobalBatch)
+	assert.Equal(t, single.OptimizerSteps, double.OptimizerSteps)
+	assert.Positive(t, double.CollectiveCalls, "two processes must exchange gradients")
+	assert.InDelta(t, single.TestAccuracy, double.TestAccuracy, 0.01,
+		"1 process: %.4f, 2 processes: %.4f", single.TestAccuracy, double.TestAccuracy)
+	t.Logf("test accuracy: 1 process %.4f, 2 processes %.4f", single.TestAccuracy, double.TestAccuracy)
+}

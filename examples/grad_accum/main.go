@@ -1,0 +1,181 @@
+// Command grad_accum is goaccel's demo: an MLP classifier on Fashion-MNIST trained through an Accelerator
+// with gradient accumulation. The same binary trains on one process or on several:
+//
+//	go run ./examples/grad_accum
+//	go build -tags mpi -o bin/grad_accum ./examples/grad_accum && mpirun -np 2 bin/grad_accum
+//
+// The batch size is per process: one optimizer step uses world_size × k × batch examples. The main process
+// shows progress, prints the test accuracy and ends its output with one JSON summary line for scripts.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+
+	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/datasets/fashionmnist"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// Exit codes of run.
+const (
+	exitOK    = 0
+	exitError = 1 // training failed (missing data, collective error, …)
+	exitUsage = 2 // bad command line, as the flag package does
+)
+
+// config is the command line.
+type config struct {
+	epochs  int
+	batch   int // per process
+	k       int // micro-batches per optimizer step
+	lr      float64
+	hidden  int
+	dataDir string
+	limit   int
+	seed    uint64
+	plot    string
+	quiet   bool
+}
+
+// run is the whole program with its outside world passed in, so tests can drive it in-process.
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return exitUsage
+	}
+	if err := demo(cfg, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "grad_accum: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// parseFlags parses and validates the command line, printing what is wrong to stderr.
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("grad_accum", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.epochs, "epochs", 3, "passes over the training data")
+	fs.IntVar(&cfg.batch, "batch", 64, "batch size per process (one optimizer step uses processes × k × batch examples)")
+	fs.IntVar(&cfg.k, "k", 4, "gradient accumulation steps: micro-batches per optimizer step")
+	fs.Float64Var(&cfg.lr, "lr", 0.002, "Adam learning rate (not rescaled for the global batch: see docs)")
+	fs.IntVar(&cfg.hidden, "hidden", 128, "units in the hidden layer")
+	fs.StringVar(&cfg.dataDir, "data", fashionmnist.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	fs.IntVar(&cfg.limit, "limit", 0, "use at most this many training examples (0 = all)")
+	fs.Uint64Var(&cfg.seed, "seed", 42, "seed for weight initialisation (0 = random) and shuffling; the same on every process")
+	fs.StringVar(&cfg.plot, "plot", "", "write the training loss curve to this PNG file (empty = no plot)")
+	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress bar or progress lines")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: grad_accum [flags]\n\nTrains an MLP on Fashion-MNIST with gradient "+
+			"accumulation; run it under mpirun (built with -tags mpi) to train on several processes.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err // the flag package already printed it, with the usage
+	}
+	if fs.NArg() > 0 {
+		return cfg, usageErrorf(stderr, "unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case cfg.epochs < 1:
+		return cfg, usageErrorf(stderr, "-epochs must be at least 1, got %d", cfg.epochs)
+	case cfg.batch < 1:
+		return cfg, usageErrorf(stderr, "-batch must be at least 1, got %d", cfg.batch)
+	case cfg.k < 1:
+		return cfg, usageErrorf(stderr, "-k must be at least 1, got %d", cfg.k)
+	case !(cfg.lr > 0) || math.IsInf(cfg.lr, 0):
+		return cfg, usageErrorf(stderr, "-lr must be a positive number, got %g", cfg.lr)
+	case cfg.hidden < 1:
+		return cfg, usageErrorf(stderr, "-hidden must be at least 1, got %d", cfg.hidden)
+	case cfg.limit < 0:
+		return cfg, usageErrorf(stderr, "-limit must be 0 (all) or positive, got %d", cfg.limit)
+	case cfg.dataDir == "":
+		return cfg, usageErrorf(stderr, "-data must name a directory")
+	}
+	return cfg, nil
+}
+
+func usageErrorf(stderr io.Writer, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	fmt.Fprintf(stderr, "grad_accum: %v (see -h)\n", err)
+	return err
+}
+
+// demo trains, evaluates and reports. Every process runs it; only the main one prints.
+func demo(cfg config, stdout, stderr io.Writer) (err error) {
+	start := time.Now()
+	acc, err := accel.New(accel.WithGradientAccumulationSteps(cfg.k), accel.WithSeed(cfg.seed),
+		accel.WithOutput(stdout))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Under MPI, Close finalises the engine: a failure there is worth an exit code.
+		if closeErr := acc.Close(); err == nil && closeErr != nil {
+			err = closeErr
+		}
+	}()
+	// Each process's errors go to its own stderr; tag them so mpirun's merged output says who failed.
+	defer func() {
+		if err != nil && acc.WorldSize() > 1 {
+			err = fmt.Errorf("rank %d of %d: %w", acc.Rank(), acc.WorldSize(), err)
+		}
+	}()
+
+	trainSet, testSet, err := fashionmnist.Load(cfg.dataDir, fashionmnist.Limit(cfg.limit))
+	if err != nil {
+		return err
+	}
+	acc.Printf("Fashion-MNIST: %d training and %d test examples; %s × k=%d × batch=%d = %d examples per "+
+		"optimizer step\n", trainSet.Len(), testSet.Len(), processes(acc.WorldSize()), cfg.k, cfg.batch,
+		acc.WorldSize()*cfg.k*cfg.batch)
+
+	res, err := train(acc, cfg, trainSet, newProgress(acc, cfg.quiet, stdout))
+	if err != nil {
+		return err
+	}
+	// Everything after this point talks to the other ranks only for metrics, so the counters reported are
+	// the training's alone.
+	stats := acc.Stats()
+
+	finalLoss, err := res.globalLastEpochLoss(acc)
+	if err != nil {
+		return err
+	}
+	accuracy, err := evaluate(acc, res.model, testSet)
+	if err != nil {
+		return err
+	}
+	acc.Printf("test accuracy: %.4f on %d examples\n", accuracy, testSet.Len())
+
+	if cfg.plot != "" && acc.IsMainProcess() {
+		if err := writeLossPlot(cfg.plot, acc, cfg, res.stepLosses); err != nil {
+			return err
+		}
+		acc.Printf("loss curve written to %s\n", cfg.plot)
+	}
+	if !acc.IsMainProcess() {
+		return nil
+	}
+	s := newSummary(acc, cfg, stats, trainSet.Len(), accuracy, finalLoss, time.Since(start))
+	return s.write(stdout)
+}
+
+func processes(n int) string {
+	if n == 1 {
+		return "1 process"
+	}
+	return fmt.Sprintf("%d processes", n)
+}

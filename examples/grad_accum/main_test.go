@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/datasets/idx/idxtest"
+)
+
+// writeFakeDataset writes a tiny dataset in Fashion-MNIST's file format: the image of an example of
+// class c is bright in the c-th band of rows, so the MLP has something to learn.
+func writeFakeDataset(t *testing.T, nTrain, nTest int) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, split := range []struct {
+		split fashionmnist.Split
+		n     int
+	}{{fashionmnist.Train, nTrain}, {fashionmnist.Test, nTest}} {
+		images := make([]uint8, split.n*fashionmnist.ImageSize)
+		labels := make([]uint8, split.n)
+		for i := range split.n {
+			c := (i*7 + int(split.split)) % fashionmnist.NumClasses
+			labels[i] = uint8(c)
+			for j := range fashionmnist.ImageSize {
+				v := uint8((i*31 + j*17) % 64) // noise
+				if row := j / fashionmnist.Width; row/3 == c {
+					v += 180
+				}
+				images[i*fashionmnist.ImageSize+j] = v
+			}
+		}
+		idxtest.WriteArray(t, dir, split.split.ImagesFile(), []int{split.n, fashionmnist.Height, fashionmnist.Width}, images, true)
+		idxtest.WriteArray(t, dir, split.split.LabelsFile(), []int{split.n}, labels, true)
+	}
+	return dir
+}
+
+// runMain runs the program in-process and returns its exit code and output.
+func runMain(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// lastLine is the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+var summaryKeys = []string{
+	"rank", "world_size", "epochs", "batch_size", "accumulation_steps", "global_batch", "optimizer_steps", "syncs",
+	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
+	"train_examples", "test_accuracy", "final_loss", "seconds",
+}
+
+// parseSummary checks that the last stdout line is a JSON object with exactly the summary's keys.
+func parseSummary(t *testing.T, stdout string) summary {
+	t.Helper()
+	line := lastLine(stdout)
+	var keys map[string]any
+	require.NoError(t, json.Unmarshal([]byte(line), &keys), "last line of stdout is not JSON: %q", line)
+	var got []string
+	for k := range keys {
+		got = append(got, k)
+	}
+	require.ElementsMatch(t, summaryKeys, got)
+	var s summary
+	require.NoError(t, json.Unmarshal([]byte(line), &s))
+	return s
+}
+
+// UnmarshalJSON lets tests read the summary back; the program itself only writes it.
+func (f *jsonFloat) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = jsonFloat(math.NaN())
+		return nil
+	}
+	var v float64
+	err := json.Unmarshal(b, &v)
+	*f = jsonFloat(v)
+	return err
+}
+
+func TestSummaryMatchesAccumulation(t *testing.T) {
+	dir := writeFakeDataset(t, 100, 30)
+	for _, tc := range []struct {
+		name                   string
+		limit, batch, k        int
+		wantBatches, wantSteps int
+	}{
+		{name: "k divides the batches", limit: 96, batch: 8, k: 4, wantBatches: 12, wantSteps: 3},
+		{name: "last step is short", limit: 80, batch: 8, k: 3, wantBatches: 10, wantSteps: 4},
+		{name: "last batch is short", limit: 75, batch: 8, k: 4, wantBatches: 10, wantSteps: 3},
+		{name: "no accumulation", limit: 40, batch: 8, k: 1, wantBatches: 5, wantSteps: 5},
+		{name: "k beyond the epoch", limit: 24, batch: 8, k: 8, wantBatches: 3, wantSteps: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runMain(t, "-data", dir, "-limit", strconv.Itoa(tc.limit), "-epochs", "1",
+				"-batch", strconv.Itoa(tc.batch), "-k", strconv.Itoa(tc.k), "-hidden", "16", "-seed", "7")
+			require.Equal(t, exitOK, code, "stderr: %s", stderr)
+			s := parseSummary(t, stdout)
+			assert.Equal(t, 0, s.Rank)
+			assert.Equal(t, 1, s.WorldSize)
+			assert.Equal(t, 1, s.Epochs)
+			assert.Equal(t, tc.batch, s.BatchSize)
+			assert.Equal(t, tc.k, s.AccumulationSteps)
+			assert.Equal(t, tc.k*tc.batch, s.GlobalBatch)
+			assert.Equal(t, int64(tc.wantBatches), s.MicroBatches)
+			assert.Equal(t, int64((tc.wantBatches+tc.k-1)/tc.k), s.OptimizerSteps, "ceil(batches/k)")
+			assert.Equal(t, int64(tc.wantSteps), s.OptimizerSteps)
+			assert.Equal(t, s.OptimizerSteps, s.Syncs, "one sync per optimizer step")
+			assert.Zero(t, s.CollectiveCalls, "a single process does not communicate")
+			assert.Zero(t, s.CollectiveBytes)
+			assert.Equal(t, tc.limit, s.TrainExamples)
+			assert.True(t, s.TestAccuracy >= 0 && s.TestAccuracy <= 1, "accuracy %g", s.TestAccuracy)
+			loss := float64(s.FinalLoss)
+			assert.True(t, loss > 0 && !math.IsInf(loss, 0) && !math.IsNaN(loss), "final loss %g", loss)
+			assert.Positive(t, s.ComputeSeconds)
+			assert.GreaterOrEqual(t, s.Seconds, s.ComputeSeconds)
+			assert.Contains(t, stdout, "test accuracy:")
+		})
+	}
+}
+
+func TestProgressAndPlot(t *testing.T) {
+	dir := writeFakeDataset(t, 64, 20)
+	plot := filepath.Join(t.TempDir(), "loss.png")
+	code, stdout, stderr := runMain(t, "-data", dir, "-epochs", "2", "-batch", "4", "-k", "2", "-hidden", "8",
+		"-plot", plot)
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	s := parseSummary(t, stdout)
+	assert.Equal(t, int64(16), s.OptimizerSteps, "2 epochs × ceil(16 batches / 2)")
+
+	// Output that is not a terminal gets plain progress lines instead of a bar: no carriage returns.
+	assert.Contains(t, stdout, "epoch 1/2  25% 4/16 batches")
+	assert.Contains(t, stdout, "epoch 2/2: mean train loss")
+	assert.NotContains(t, stdout, "\r")
+
+	f, err := os.Open(plot)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err, "the plot is not a PNG")
+	assert.Positive(t, img.Bounds().Dx())
+
+	// -quiet drops the progress lines, not the results.
+	code, stdout, stderr = runMain(t, "-data", dir, "-epochs", "1", "-batch", "4", "-k", "2", "-hidden", "8", "-quiet")
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	assert.NotContains(t, stdout, "batches/s")
+	assert.Contains(t, stdout, "test accuracy:")
+	parseSummary(t, stdout)
+}
+
+func TestMissingDataDir(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-such-dir")
+	code, stdout, stderr := runMain(t, "-data", missing, "-epochs", "1")
+	assert.NotEqual(t, exitOK, code)
+	assert.Contains(t, stderr, fashionmnist.DebianPackage, "the error says which package installs the data")
+	assert.Contains(t, stderr, missing)
+	assert.NotContains(t, stdout, "{", "no summary after a failure")
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		{[]string{"-k", "0"}, "-k"},
+		{[]string{"-batch", "0"}, "-batch"},
+		{[]string{"-epochs", "0"}, "-epochs"},
+		{[]string{"-lr", "0"}, "-lr"},
+		{[]string{"-lr", "NaN"}, "-lr"},
+		{[]string{"-hidden", "-3"}, "-hidden"},
+		{[]string{"-limit", "-1"}, "-limit"},
+		{[]string{"-data", ""}, "-data"},
+		{[]string{"-k", "four"}, "-k"},
+		{[]string{"-no-such-flag"}, "no-such-flag"},
+		{[]string{"extra"}, "extra"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runMain(t, tc.args...)
+			assert.Equal(t, exitUsage, code)
+			assert.Contains(t, stderr, tc.want)
+			assert.Empty(t, stdout)
+		})
+	}
+	code, _, stderr := runMain(t, "-h")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stderr, "usage: grad_accum")
+}
+
+func TestJSONFloatKeepsTheLineValid(t *testing.T) {
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		b, err := json.Marshal(summary{FinalLoss: jsonFloat(v)})
+		require.NoError(t, err)
+		assert.Contains(t, string(b), `"final_loss":null`)
+	}
+}
+
+// TestRealDataset trains briefly on the real Fashion-MNIST: well above the 10% of chance after one short
+// epoch shows that the data, the model and the accumulation path fit together.
+func TestRealDataset(t *testing.T) {
+	if _, err := os.Stat(fashionmnist.DefaultDir); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Fashion-MNIST is required in CI (apt-get install %s): %v", fashionmnist.DebianPackage, err)
+		}
+		t.Skipf("Fashion-MNIST not installed (apt-get install %s): %v", fashionmnist.DebianPackage, err)
+	}
+	code, stdout, stderr := runMain(t, "-limit", "2000", "-epochs", "1", "-quiet")
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	s := parseSummary(t, stdout)
+	assert.Equal(t, 2000, s.TrainExamples)
+	assert.Greater(t, s.TestAccuracy, 0.5)
+}

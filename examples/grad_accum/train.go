@@ -1,0 +1,145 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/layers"
+	"github.com/gomlx/gomlx/pkg/ml/layers/activations"
+	"github.com/gomlx/gomlx/pkg/ml/train/losses"
+	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+
+	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// pixelMean and pixelStd are the statistics of Fashion-MNIST's training pixels (scaled to [0, 1]).
+// Centred, unit-variance inputs condition the first layer's gradients better, so Adam gets further in the
+// few hundred steps that a large global batch leaves it (with 2 processes: 0.845 → 0.863 test accuracy).
+const (
+	pixelMean = 0.2860
+	pixelStd  = 0.3530
+)
+
+// mlp returns the model function: standardise, 784 → hidden (ReLU) → 10 logits. Small on purpose: GoMLX's
+// pure-Go backend pays for every dense gradient, and one hidden layer already reaches ≈0.86 in three
+// epochs (published MLP baselines are ≈0.87).
+func mlp(hidden int) prepare.ModelFn {
+	return func(ctx *context.Context, inputs []*Node) []*Node {
+		x := DivScalar(AddScalar(inputs[0], -pixelMean), pixelStd)
+		h := activations.Relu(layers.Dense(ctx.In("hidden"), x, true, hidden))
+		return []*Node{layers.Dense(ctx.In("output"), h, true, fashionmnist.NumClasses)}
+	}
+}
+
+// trainResult is what training leaves for evaluation and the report.
+type trainResult struct {
+	model *prepare.Model
+	// stepLosses is, per optimizer step, the mean loss of this process's micro-batches in that step: the
+	// loss curve, without a collective per step to average it over processes.
+	stepLosses []float64
+	// lastEpochLossSum and lastEpochBatches give this process's mean loss over the last epoch.
+	lastEpochLossSum float64
+	lastEpochBatches int
+}
+
+// train runs the user's loop: the only goaccel-specific lines are the Prepare calls, Accumulate and
+// Backward. Step and ZeroGrad are called on every micro-batch and do nothing until k gradients were
+// accumulated (or the epoch ends), so the body is the same as without accumulation.
+func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *progress) (*trainResult, error) {
+	ctx := context.New()
+	// A fixed seed makes runs repeatable; rank 0's initial weights are broadcast anyway, so the other
+	// processes' initialisation does not matter.
+	ctx.SetParam(context.ParamInitialSeed, int64(cfg.seed))
+	model, err := acc.PrepareModel(ctx, mlp(cfg.hidden), losses.SparseCategoricalCrossEntropyLogits)
+	if err != nil {
+		return nil, err
+	}
+	opt, err := acc.PrepareOptimizer(model, optimizers.Adam().LearningRate(cfg.lr).Done())
+	if err != nil {
+		return nil, err
+	}
+	src, err := prepare.TensorSource([]*tensors.Tensor{data.Images}, []*tensors.Tensor{data.Labels})
+	if err != nil {
+		return nil, err
+	}
+	loader, err := acc.PrepareDataLoader(src, prepare.BatchSize(cfg.batch), prepare.Shuffle())
+	if err != nil {
+		return nil, err
+	}
+
+	res := &trainResult{model: model}
+	var stepLossSum float64
+	var stepBatches int
+	for epoch := range cfg.epochs {
+		// Every process must shuffle the same way each epoch to keep the shards disjoint.
+		loader.SetEpoch(epoch)
+		epochStart := time.Now()
+		var epochLossSum float64
+		var epochBatches int
+		bar.startEpoch(epoch, cfg.epochs, loader.Len())
+		for batch, err := range loader.All() {
+			if err != nil {
+				return nil, err
+			}
+			var loss float64
+			err = acc.Accumulate(model, func() error {
+				var err error
+				if loss, err = acc.Backward(model, batch); err != nil {
+					return err
+				}
+				stepped, err := opt.Step()
+				if err != nil {
+					return err
+				}
+				stepLossSum += loss
+				stepBatches++
+				if stepped {
+					res.stepLosses = append(res.stepLosses, stepLossSum/float64(stepBatches))
+					stepLossSum, stepBatches = 0, 0
+				}
+				_, err = opt.ZeroGrad()
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("epoch %d, batch %d: %w", epoch+1, batch.Step+1, err)
+			}
+			epochLossSum += loss
+			epochBatches++
+			bar.update(loss)
+		}
+		bar.endEpoch()
+		res.lastEpochLossSum, res.lastEpochBatches = epochLossSum, epochBatches
+		acc.Printf("epoch %d/%d: mean train loss %.4f%s, %d optimizer steps so far, %s\n", epoch+1, cfg.epochs,
+			epochLossSum/float64(max(epochBatches, 1)), rankNote(acc), opt.Steps(),
+			time.Since(epochStart).Round(time.Millisecond))
+	}
+	return res, nil
+}
+
+// rankNote qualifies per-process numbers printed by the main process when there are several processes.
+func rankNote(acc *accel.Accelerator) string {
+	if acc.WorldSize() == 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (rank %d's shard)", acc.Rank())
+}
+
+// globalLastEpochLoss is the mean training loss of the last epoch over every process's micro-batches: one
+// small all-reduce, done once, so it does not blur the training's communication counters.
+func (r *trainResult) globalLastEpochLoss(acc *accel.Accelerator) (float64, error) {
+	local := tensors.FromValue([]float64{r.lastEpochLossSum, float64(r.lastEpochBatches)})
+	total, err := acc.Reduce(local, accel.Sum)
+	if err != nil {
+		return 0, fmt.Errorf("averaging the final loss: %w", err)
+	}
+	sums := tensors.MustCopyFlatData[float64](total)
+	if sums[1] == 0 {
+		return 0, nil
+	}
+	return sums[0] / sums[1], nil
+}
