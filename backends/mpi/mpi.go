@@ -75,8 +75,18 @@ static int goaccel_iallgather(void *send, void *recv, int count, int kind, MPI_C
 	return MPI_Iallgather(goaccel_buf(send), count, t, goaccel_buf(recv), count, t, comm, req);
 }
 
+// goaccel_test polls a request a bounded number of times in C: non-blocking collectives progress only
+// inside MPI calls, and a C loop drives them at a faster cadence than one cgo call per poll, while the
+// bound keeps each call short so Go's wait loop (and its watchdog) still runs between calls.
 static int goaccel_test(MPI_Request *req, int *flag) {
-	return MPI_Test(req, flag, MPI_STATUS_IGNORE);
+	int rc = MPI_SUCCESS;
+	for (int i = 0; i < 64; i++) {
+		rc = MPI_Test(req, flag, MPI_STATUS_IGNORE);
+		if (rc != MPI_SUCCESS || *flag) {
+			return rc;
+		}
+	}
+	return rc;
 }
 
 static int goaccel_abort(int code) { return MPI_Abort(MPI_COMM_WORLD, code); }
@@ -194,8 +204,11 @@ func initialise() error {
 		if err := check("MPI_Query_thread", C.MPI_Query_thread(&provided)); err != nil {
 			return err
 		}
-	} else if err := check("MPI_Init_thread", C.goaccel_init(&provided)); err != nil {
-		return err
+	} else {
+		libraryDefaults()
+		if err := check("MPI_Init_thread", C.goaccel_init(&provided)); err != nil {
+			return err
+		}
 	}
 	if provided < C.goaccel_thread_serialized() {
 		// Go runs goroutines on any OS thread, so MPI_THREAD_FUNNELED or SINGLE would be violated by the
