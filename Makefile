@@ -38,8 +38,14 @@ vet: deps-openmpi
 test: deps vet
 	$(GO) test -count=1 -timeout 45m ./...
 
-bench: deps
-	$(GO) run -tags mpi ./bench/cmd/accelbench -out docs/benchmarks.md
+# Measures goaccel against plain MPI_Allreduce and GoMLX's trainer, side by side, and writes
+# docs/benchmarks.md (a few minutes on 2 cores). Raw samples in benchstat format: bin/bench.txt; results:
+# bin/bench.json (`bin/accelbench -render bin/bench.json` re-renders the page). A redirect, not a pipe, so
+# make fails when the bench does.
+bench: deps-openmpi
+	mkdir -p bin
+	$(GO) build -tags mpi -o bin/accelbench ./bench/cmd/accelbench
+	bin/accelbench -out docs/benchmarks.md -json bin/bench.json > bin/bench.txt
 
 clean:
 	rm -rf bin
