@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	gomlxbackends "github.com/gomlx/gomlx/backends"
@@ -220,11 +219,4 @@ func (a *Accelerator) Stats() Stats {
 		s.ComputeTime += o.ComputeTime()
 	}
 	return s
-}
-
-func init() {
-	// Nothing in goaccel may trigger GoMLX's plugin download as a side effect of being imported.
-	if os.Getenv("GOMLX_NO_AUTO_INSTALL") == "" {
-		_ = os.Setenv("GOMLX_NO_AUTO_INSTALL", "1")
-	}
 }

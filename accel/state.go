@@ -337,13 +337,8 @@ func (a *Accelerator) compatible(s savedState) error {
 		return fmt.Errorf("saved %d model(s), this run prepared %d", len(s.Models), len(a.models))
 	}
 	for i, m := range a.models {
-		plan := m.Plan().Signature()
-		saved := s.Models[i].Plan
-		for j := range max(len(plan), len(saved)) {
-			if j >= len(plan) || j >= len(saved) || plan[j] != saved[j] {
-				return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i,
-					lineOr(saved, j), lineOr(plan, j))
-			}
+		if saved, current, differ := prepare.FirstDifference(s.Models[i].Plan, m.Plan().Signature()); differ {
+			return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i, saved, current)
 		}
 	}
 	if len(s.Optimizers) != len(a.optimizers) || len(s.Loaders) != len(a.loaders) {
@@ -351,13 +346,6 @@ func (a *Accelerator) compatible(s savedState) error {
 			len(s.Optimizers), len(s.Loaders), len(a.optimizers), len(a.loaders))
 	}
 	return nil
-}
-
-func lineOr(lines []string, i int) string {
-	if i < len(lines) {
-		return lines[i]
-	}
-	return "<nothing>"
 }
 
 // restoreAccumulators sets this rank's part of a gathered accumulator blob.

@@ -60,22 +60,28 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 	if me == 0 {
 		other = firstDiffering
 	}
-	mine, theirs := linesOf(me), linesOf(other)
-	for i := range max(len(mine), len(theirs)) {
-		a, b := lineAt(mine, i), lineAt(theirs, i)
-		if a != b {
-			return fmt.Errorf("prepare: %s differ across ranks: rank %d has %q where rank %d has %q", what, me, a,
-				other, b)
-		}
+	if a, b, differ := FirstDifference(linesOf(me), linesOf(other)); differ {
+		return fmt.Errorf("prepare: %s differ across ranks: rank %d has %q where rank %d has %q", what, me, a,
+			other, b)
 	}
 	return fmt.Errorf("prepare: %s differ across ranks %d and %d", what, me, other)
 }
 
-func lineAt(lines []string, i int) string {
-	if i < len(lines) {
-		return lines[i]
+// FirstDifference returns the first line where a and b differ ("<nothing>" standing for a missing line),
+// and whether they differ at all.
+func FirstDifference(a, b []string) (lineA, lineB string, differ bool) {
+	at := func(lines []string, i int) string {
+		if i < len(lines) {
+			return lines[i]
+		}
+		return "<nothing>"
 	}
-	return "<nothing>"
+	for i := range max(len(a), len(b)) {
+		if lineA, lineB = at(a, i), at(b, i); lineA != lineB {
+			return lineA, lineB, true
+		}
+	}
+	return "", "", false
 }
 
 // variableSignature describes variables for CheckSameSignature.

@@ -9,13 +9,14 @@ import (
 
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
-	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/layers"
 	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // Features, Hidden and Classes size the test MLP: small, because GoMLX's pure-Go backend is slow at dense
@@ -64,17 +65,19 @@ func Data(n int, seed uint64) (inputs, labels *tensors.Tensor) {
 
 // Rows returns rows [from, to) of t as a new tensor.
 func Rows(t *tensors.Tensor, from, to int) *tensors.Tensor {
-	s := t.Shape()
-	rowBytes := int(s.Memory()) / s.Dimensions[0]
-	dims := append([]int{to - from}, s.Dimensions[1:]...)
-	out := tensors.FromShape(shapes.Make(s.DType, dims...))
-	err := t.ConstBytes(func(src []byte) {
-		_ = out.MutableBytes(func(dst []byte) { copy(dst, src[from*rowBytes:to*rowBytes]) })
-	})
+	src, err := prepare.TensorSource([]*tensors.Tensor{t}, nil)
 	if err != nil {
 		panic(err)
 	}
-	return out
+	indices := make([]int, to-from)
+	for i := range indices {
+		indices[i] = from + i
+	}
+	rows, _, err := src.Batch(indices)
+	if err != nil {
+		panic(err)
+	}
+	return rows[0]
 }
 
 // OptimizerKind names a GoMLX optimizer the tests use.
