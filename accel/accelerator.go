@@ -15,6 +15,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	_ "github.com/goaccel/goaccel/backends/mpi" // registers "mpi" when built with -tags mpi
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -51,7 +52,7 @@ func New(opts ...Option) (*Accelerator, error) {
 		return nil, err
 	}
 	var err error
-	a.compute, err = backends.NewCompute(backends.ComputeConfig{Backend: cfg.backend, AllowDownloads: cfg.allowDownloads,
+	a.compute, err = compute.New(compute.Config{Backend: cfg.backend, AllowDownloads: cfg.allowDownloads,
 		LocalRank: a.topo.LocalRank, LocalSize: a.topo.LocalSize})
 	if err != nil {
 		a.closeComm()

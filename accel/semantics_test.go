@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/internal/testmodel"
 )
 
@@ -29,7 +29,7 @@ func TestLossScaleRecoversSumReducedLoss(t *testing.T) {
 		t.Run(fmt.Sprintf("ranks=%d/K=%d", tc.ranks, tc.k), func(t *testing.T) {
 			global := tc.ranks * tc.k * b
 			inputs, labels := testmodel.Data(global*steps, 11)
-			backend, err := backends.NewCompute(backends.ComputeConfig{Backend: "go"})
+			backend, err := compute.New(compute.Config{Backend: "go"})
 			require.NoError(t, err)
 			for _, scaled := range []bool{true, false} {
 				results := make([]testmodel.Result, tc.ranks)

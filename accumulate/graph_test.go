@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accumulate"
-	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 )
 
 var (
@@ -29,7 +29,7 @@ var (
 func pureGo(t *testing.T) gomlxbackends.Backend {
 	t.Helper()
 	pureGoOnce.Do(func() {
-		pureGoBackend, pureGoErr = backends.NewCompute(backends.ComputeConfig{Backend: backends.PureGoBackend + ":ops_sequential"})
+		pureGoBackend, pureGoErr = compute.New(compute.Config{Backend: compute.PureGo + ":ops_sequential"})
 	})
 	require.NoError(t, pureGoErr)
 	return pureGoBackend

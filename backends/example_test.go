@@ -62,14 +62,3 @@ func ExampleOpen() {
 	// single 1 <nil> [1.5]
 	// true
 }
-
-// NewCompute returns the pure-Go GoMLX backend unless XLA is asked for (or installed).
-func ExampleNewCompute() {
-	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: backends.PureGoBackend})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	fmt.Println(backend.Name())
-	// Output: SimpleGo (go)
-}

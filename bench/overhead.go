@@ -10,6 +10,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 )
 
 // OverheadResult compares goaccel's training loop with GoMLX's own train.Trainer in one process: same
@@ -29,7 +30,7 @@ type gomlxTrainer struct {
 }
 
 func newGoMLXTrainer(cfg TrainConfig, seed uint64) (*gomlxTrainer, error) {
-	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: "go"})
+	backend, err := compute.New(compute.Config{Backend: "go"})
 	if err != nil {
 		return nil, err
 	}

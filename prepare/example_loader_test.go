@@ -7,6 +7,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -14,7 +15,7 @@ import (
 // permutation of the epoch and takes every third example of it; the ten examples do not split evenly, so
 // the last round wraps around to the permutation's start, and Valid tells which examples are real.
 func ExampleDataLoader() {
-	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: "go"})
+	backend, err := compute.New(compute.Config{Backend: "go"})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -12,13 +12,14 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/prepare"
 )
 
 // A Model and an Optimizer built on a Runtime directly (the Accelerator does this for you): the model's
 // gradients land in bucket-flat accumulators, and Step applies them only on synced steps.
 func ExampleNewModel() {
-	backend, _ := backends.NewCompute(backends.ComputeConfig{Backend: backends.PureGoBackend})
+	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
 	state, _ := accumulate.NewGradientState(2, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	model, _ := prepare.NewModel(rt, context.New(), func(ctx *context.Context, in []*Node) []*Node {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -28,7 +29,7 @@ var (
 func loaderRuntimes(t *testing.T, ranks, k int) []*prepare.Runtime {
 	t.Helper()
 	loaderBackendOnce.Do(func() {
-		loaderBackend, loaderBackendErr = backends.NewCompute(backends.ComputeConfig{Backend: "go"})
+		loaderBackend, loaderBackendErr = compute.New(compute.Config{Backend: "go"})
 	})
 	require.NoError(t, loaderBackendErr)
 	comms, err := backends.NewInProcessGroup(ranks)

@@ -15,6 +15,7 @@ import (
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/backends/mpi"
 	"github.com/goaccel/goaccel/launch"
 )
@@ -61,7 +62,7 @@ func printEntries(w io.Writer, entries []entry) {
 }
 
 // environmentReport collects the report's entries, in a fixed order. Nothing in it may reach the network:
-// backends.ResolveComputeBackend turns GoMLX's plugin auto-install off before looking for plugins.
+// compute.Resolve turns GoMLX's plugin auto-install off before looking for plugins.
 func environmentReport(startAnyBackend bool) []entry {
 	// Read first: resolving the compute backend sets GOMLX_NO_AUTO_INSTALL in this process.
 	environment := relevantEnvironment()
@@ -97,7 +98,7 @@ func environmentReport(startAnyBackend bool) []entry {
 	}
 	entries = append(entries, entry{"Launcher MCA defaults", mca})
 
-	config, reason := backends.ResolveComputeBackend(backends.ComputeConfig{})
+	config, reason := compute.Resolve(compute.Config{})
 	entries = append(entries, entry{"Compute backend", fmt.Sprintf("%s (%s)", config, reason)})
 	entries = append(entries, entry{"Compute devices", describeDevices(config, startAnyBackend, topo)})
 
@@ -151,10 +152,10 @@ func describeMPIRun() string {
 // its devices.
 func describeDevices(config string, startAnyBackend bool, topo backends.Topology) string {
 	name, _, _ := strings.Cut(config, ":")
-	if name != backends.PureGoBackend && !startAnyBackend {
+	if name != compute.PureGo && !startAnyBackend {
 		return "not started (run `accel env --devices` to start " + config + ")"
 	}
-	backend, err := backends.NewCompute(backends.ComputeConfig{Backend: config, LocalRank: topo.LocalRank,
+	backend, err := compute.New(compute.Config{Backend: config, LocalRank: topo.LocalRank,
 		LocalSize: topo.LocalSize})
 	if err != nil {
 		return "error: " + err.Error()

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/launch"
 )
@@ -133,7 +134,7 @@ func TestEnvReport(t *testing.T) {
 }
 
 func TestEnvStartsThePureGoBackend(t *testing.T) {
-	t.Setenv("GOMLX_BACKEND", backends.PureGoBackend)
+	t.Setenv("GOMLX_BACKEND", compute.PureGo)
 	a, stdout, _ := newTestApp()
 	require.Equal(t, 0, a.run([]string{"env"}))
 	assert.Regexp(t, `- Compute devices: +1: .*\[#0 `, stdout.String())

@@ -1,4 +1,4 @@
-package backends
+package compute
 
 import (
 	"testing"
@@ -30,28 +30,28 @@ func TestVisibleDeviceForRank(t *testing.T) {
 	}
 }
 
-func TestResolveComputeBackend(t *testing.T) {
+func TestResolve(t *testing.T) {
 	t.Setenv("GOMLX_BACKEND", "")
-	cfg, reason := ResolveComputeBackend(ComputeConfig{Backend: "xla:cuda"})
+	cfg, reason := Resolve(Config{Backend: "xla:cuda"})
 	assert.Equal(t, "xla:cuda", cfg)
 	assert.Contains(t, reason, "option")
 	t.Setenv("GOMLX_BACKEND", "go")
-	cfg, reason = ResolveComputeBackend(ComputeConfig{})
+	cfg, reason = Resolve(Config{})
 	assert.Equal(t, "go", cfg)
 	assert.Contains(t, reason, "GOMLX_BACKEND")
 	t.Setenv("GOMLX_BACKEND", "")
 	t.Setenv("PJRT_PLUGIN_LIBRARY_PATH", t.TempDir()) // no plugin there, and no download may happen
-	cfg, _ = ResolveComputeBackend(ComputeConfig{})
-	assert.Equal(t, PureGoBackend, cfg)
+	cfg, _ = Resolve(Config{})
+	assert.Equal(t, PureGo, cfg)
 }
 
-func TestNewComputeNamesWhatIsMissing(t *testing.T) {
+func TestNewNamesWhatIsMissing(t *testing.T) {
 	t.Setenv("PJRT_PLUGIN_LIBRARY_PATH", t.TempDir())
-	_, err := NewCompute(ComputeConfig{Backend: "xla:cuda"})
+	_, err := New(Config{Backend: "xla:cuda"})
 	if assert.Error(t, err) {
 		assert.Contains(t, err.Error(), `"xla:cuda"`)
 		assert.Contains(t, err.Error(), "PJRT")
 	}
-	_, err = NewCompute(ComputeConfig{Backend: "nosuch"})
+	_, err = New(Config{Backend: "nosuch"})
 	assert.ErrorContains(t, err, "nosuch")
 }

@@ -1,4 +1,6 @@
-package backends
+// Package compute chooses and prepares GoMLX's compute backend for a goaccel process: the pure-Go backend
+// unless XLA is asked for or already installed, never a plugin download at run time, one GPU per local rank.
+package compute
 
 import (
 	"fmt"
@@ -7,13 +9,13 @@ import (
 	"strings"
 	"sync"
 
-	gomlxbackends "github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/backends/xla"
 )
 
-// ComputeConfig selects the GoMLX compute backend.
-type ComputeConfig struct {
+// Config selects the GoMLX compute backend.
+type Config struct {
 	// Backend is a GoMLX backend configuration such as "go", "xla:cpu" or "xla:cuda". Empty means: the
 	// GOMLX_BACKEND environment variable if set, else XLA if a PJRT plugin is already installed, else the
 	// pure-Go backend.
@@ -25,22 +27,22 @@ type ComputeConfig struct {
 	LocalRank, LocalSize int
 }
 
-// PureGoBackend is the GoMLX configuration of the pure-Go backend: no cgo, no plugin, no network.
-const PureGoBackend = simplego.BackendName
+// PureGo is the GoMLX configuration of the pure-Go backend: no cgo, no plugin, no network.
+const PureGo = simplego.BackendName
 
-// ResolveComputeBackend returns the GoMLX backend configuration that NewCompute would use, and why.
-func ResolveComputeBackend(cfg ComputeConfig) (config, reason string) {
+// Resolve returns the GoMLX backend configuration that New would use, and why.
+func Resolve(cfg Config) (config, reason string) {
 	if cfg.Backend != "" {
 		return cfg.Backend, "requested by option"
 	}
-	if env := os.Getenv(gomlxbackends.ConfigEnvVar); env != "" {
-		return env, "requested by " + gomlxbackends.ConfigEnvVar
+	if env := os.Getenv(backends.ConfigEnvVar); env != "" {
+		return env, "requested by " + backends.ConfigEnvVar
 	}
 	configureDownloads(cfg.AllowDownloads)
 	if plugins := xla.GetAvailablePlugins(); len(plugins) > 0 {
 		return "xla:" + plugins[0], "PJRT plugin installed"
 	}
-	return PureGoBackend, "default (no PJRT plugin installed)"
+	return PureGo, "default (no PJRT plugin installed)"
 }
 
 func configureDownloads(allow bool) {
@@ -53,30 +55,30 @@ func configureDownloads(allow bool) {
 }
 
 var (
-	computeMu sync.Mutex
-	// computeByConfig holds one backend per configuration: GoMLX tensors cannot move between backend
+	backendMu sync.Mutex
+	// backendByConfig holds one backend per configuration: GoMLX tensors cannot move between backend
 	// instances, so every Accelerator of a process (in-process ranks included) shares one.
-	computeByConfig = map[string]gomlxbackends.Backend{}
+	backendByConfig = map[string]backends.Backend{}
 )
 
 // NewCompute returns the GoMLX compute backend for this process, creating it on first use. A backend that
 // cannot start returns an error naming it and what is missing; GoMLX's own panics are recovered.
-func NewCompute(cfg ComputeConfig) (gomlxbackends.Backend, error) {
+func New(cfg Config) (backends.Backend, error) {
 	configureDownloads(cfg.AllowDownloads)
-	config, reason := ResolveComputeBackend(cfg)
-	computeMu.Lock()
-	defer computeMu.Unlock()
-	if backend, ok := computeByConfig[config]; ok {
+	config, reason := Resolve(cfg)
+	backendMu.Lock()
+	defer backendMu.Unlock()
+	if backend, ok := backendByConfig[config]; ok {
 		return backend, nil
 	}
-	backend, err := newCompute(cfg, config, reason)
+	backend, err := newBackend(cfg, config, reason)
 	if err == nil {
-		computeByConfig[config] = backend
+		backendByConfig[config] = backend
 	}
 	return backend, err
 }
 
-func newCompute(cfg ComputeConfig, config, reason string) (backend gomlxbackends.Backend, err error) {
+func newBackend(cfg Config, config, reason string) (backend backends.Backend, err error) {
 	name, _, _ := strings.Cut(config, ":")
 	if name == "xla" {
 		if devices, ok := visibleDeviceForRank(os.Getenv("CUDA_VISIBLE_DEVICES"), cfg.LocalRank, cfg.LocalSize); ok {
@@ -85,17 +87,17 @@ func newCompute(cfg ComputeConfig, config, reason string) (backend gomlxbackends
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			backend, err = nil, fmt.Errorf("backends: compute backend %q (%s) failed to start: %v", config, reason, r)
+			backend, err = nil, fmt.Errorf("compute: backend %q (%s) failed to start: %v", config, reason, r)
 		}
 	}()
-	backend, err = gomlxbackends.NewWithConfig(config)
+	backend, err = backends.NewWithConfig(config)
 	if err != nil {
 		hint := ""
 		if name == "xla" {
 			hint = "; XLA needs a PJRT plugin (set PJRT_PLUGIN_LIBRARY_PATH, or opt in to downloads) — " +
 				"or use the pure-Go backend with GOMLX_BACKEND=go"
 		}
-		return nil, fmt.Errorf("backends: compute backend %q (%s) failed to start: %w%s", config, reason, err, hint)
+		return nil, fmt.Errorf("compute: backend %q (%s) failed to start: %w%s", config, reason, err, hint)
 	}
 	return backend, nil
 }
