@@ -42,7 +42,7 @@ func runRanks(t *testing.T, n int, opts []accel.Option, fn func(rank int, acc *a
 }
 
 // TestEquivalence: N ranks × K micro-batches × b examples per optimizer step give the same weights as
-// GoMLX's own trainer taking one step per N·K·b batch (DESIGN §7).
+// GoMLX's own trainer taking one step per N·K·b batch (docs/semantics.md §2).
 func TestEquivalence(t *testing.T) {
 	const b, steps = 4, 3
 	for _, tc := range []struct {

@@ -172,7 +172,7 @@ func allVariables(ctx *context.Context) []*context.Variable {
 	return vars
 }
 
-// TestMPI runs the multi-process checks of DESIGN §7 under mpirun with 2 and 4 ranks.
+// TestMPI runs the multi-process checks (equivalence, bitwise replicas, sync counters) under mpirun with 2 and 4 ranks.
 func TestMPI(t *testing.T) {
 	if mpitest.IsRank() {
 		mpitest.Do(t, mpiRank)

@@ -21,7 +21,7 @@ func sumLoss(labels, predictions []*Node) *Node {
 }
 
 // TestLossScaleRecoversSumReducedLoss: averaging across N ranks and K micro-batches divides a sum-reduced
-// loss's gradient by N·K; LossScale(N·K) gives back one process's sum over the N·K·b batch (DESIGN §1.2).
+// loss's gradient by N·K; LossScale(N·K) gives back one process's sum over the N·K·b batch (docs/semantics.md §2).
 // Without the scale the result differs, which is why the docs tell users about it.
 func TestLossScaleRecoversSumReducedLoss(t *testing.T) {
 	const b, steps = 2, 2

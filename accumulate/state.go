@@ -8,7 +8,7 @@ import (
 // GradientState decides, for each call of Backward, whether gradients are synchronised. One exists per
 // Accelerator, shared by its models, optimizers and data loaders, as in Accelerate.
 //
-// The rules (DESIGN §1.3): outside Accumulate and NoSync every Backward syncs. Inside NoSync nothing syncs.
+// The rules (docs/semantics.md §3): outside Accumulate and NoSync every Backward syncs. Inside NoSync nothing syncs.
 // Inside Accumulate a call syncs when it is the K-th since the last sync, when the active data loader is
 // yielding its last batch, or always when SyncEachBatch is set.
 type GradientState struct {

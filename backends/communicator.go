@@ -363,7 +363,9 @@ func (c *Communicator) Abort(code int) {
 }
 
 // Close releases the engine. After a failed collective the job's ranks are no longer in step, so a clean
-// shutdown (which is itself collective for MPI) could hang: Close aborts the job instead.
+// shutdown (which is itself collective for MPI) could hang: Close aborts the job instead and returns an
+// error saying so. Engines whose Abort ends the process (MPI) never return here: report the collective's
+// error before closing.
 func (c *Communicator) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -374,8 +376,9 @@ func (c *Communicator) Close() error {
 	broken := c.broken
 	c.mu.Unlock()
 	if broken != nil && c.Size() > 1 {
-		fmt.Fprintf(os.Stderr, "goaccel: rank %d aborting the job after a failed collective: %v\n", c.Rank(), broken)
 		c.engine.Abort(1)
+		return errors.Join(fmt.Errorf("backends: rank %d aborted the job after a failed collective: %w", c.Rank(),
+			broken), c.engine.Close())
 	}
 	return c.engine.Close()
 }

@@ -104,7 +104,9 @@ func TestClosingABrokenCommunicatorAbortsTheGroup(t *testing.T) {
 		done <- comms[1].AllReduceSum(make([]int32, 2))
 	}()
 	require.Eventually(t, func() bool { return comms[1].Stats().Calls() == 2 }, 5*time.Second, time.Millisecond)
-	require.NoError(t, comms[0].Close())
+	closeErr := comms[0].Close()
+	require.ErrorAs(t, closeErr, &terr, "Close returns why it aborted")
+	assert.ErrorContains(t, closeErr, "rank 0 aborted the job")
 	select {
 	case err := <-done:
 		assert.ErrorIs(t, err, backends.ErrAborted)
@@ -221,8 +223,8 @@ func TestOpenErrors(t *testing.T) {
 		topo    backends.Topology
 		wantErr string
 	}{
-		{"unknown engine", "carrier-pigeon", one, `unknown collective engine "carrier-pigeon"`},
-		{"mpi not linked into this test binary", "mpi", two, "rebuild with `go build -tags mpi`"},
+		{"unknown engine", "carrier-pigeon", one, `collective engine "carrier-pigeon" is not registered`},
+		{"mpi not linked into this test binary", "mpi", two, `collective engine "mpi" is not registered`},
 		{"single for two ranks", "single", two, `engine "single" cannot serve a world of 2 ranks`},
 	}
 	for _, tt := range tests {
@@ -233,7 +235,12 @@ func TestOpenErrors(t *testing.T) {
 	}
 	assert.Contains(t, backends.Engines(), "single")
 	assert.True(t, backends.EngineRegistered("single"))
-	assert.Panics(t, func() { backends.RegisterEngine("single", nil) }, "a name can be registered once")
+	single := func(backends.Topology) (backends.Engine, error) { return nil, nil }
+	assert.PanicsWithValue(t, `backends: engine "single" registered twice`,
+		func() { backends.RegisterEngine("single", single) }, "a name can be registered once")
+	assert.PanicsWithValue(t, `backends: engine "pigeon" registered with a nil factory`,
+		func() { backends.RegisterEngine("pigeon", nil) })
+	assert.NotContains(t, backends.Engines(), "pigeon")
 }
 
 func TestStatsArithmetic(t *testing.T) {

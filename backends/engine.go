@@ -1,5 +1,6 @@
-// Package backends holds what goaccel needs to know about where it runs: the process topology read from the
-// launcher, the collective engine that moves bytes between processes, and the GoMLX compute backend.
+// Package backends holds what goaccel needs to know about the processes of a job: the topology read from the
+// launcher and the collective engine that moves bytes between processes. It links no compute backend (GoMLX
+// backend selection lives in package backends/compute), so engines and launch tooling stay light.
 //
 // Collective engines follow the database/sql driver pattern: an engine implements the small [Engine]
 // interface and registers a constructor by name with [RegisterEngine]; users and the rest of goaccel only see
@@ -62,9 +63,13 @@ var (
 	engines   = map[string]EngineFactory{}
 )
 
-// RegisterEngine makes a collective engine available by name. It panics if the name is taken, as
-// database/sql does for drivers, because two engines under one name is a programming error.
+// RegisterEngine makes a collective engine available by name. It panics if the name is taken or the factory
+// is nil, as database/sql does for drivers: both are programming errors that must surface at start-up, not
+// when a job first opens the engine.
 func RegisterEngine(name string, factory EngineFactory) {
+	if factory == nil {
+		panic(fmt.Sprintf("backends: engine %q registered with a nil factory", name))
+	}
 	enginesMu.Lock()
 	defer enginesMu.Unlock()
 	if _, dup := engines[name]; dup {
@@ -99,11 +104,8 @@ func OpenEngine(name string, topo Topology) (Engine, error) {
 	factory, ok := engines[name]
 	enginesMu.RUnlock()
 	if !ok {
-		if name == "mpi" {
-			return nil, fmt.Errorf("backends: collective engine %q is not linked into this binary: "+
-				"rebuild with `go build -tags mpi` (needs libopenmpi-dev or MPICH)", name)
-		}
-		return nil, fmt.Errorf("backends: unknown collective engine %q (registered: %v)", name, Engines())
+		return nil, fmt.Errorf("backends: collective engine %q is not registered in this binary (registered: %v)",
+			name, Engines())
 	}
 	return factory(topo)
 }
