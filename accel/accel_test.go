@@ -16,6 +16,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -96,22 +97,21 @@ func TestSyncSchedule(t *testing.T) {
 			var syncs, stepped, zeroed []bool
 			for batch, err := range loader.All() {
 				require.NoError(t, err)
-				require.NoError(t, acc.Accumulate(model, func() error {
+				require.NoError(t, acc.Accumulate(func() error {
 					if _, err := acc.Backward(model, batch); err != nil {
 						return err
 					}
 					syncs = append(syncs, acc.SyncGradients())
-					before, err := prepare.VariablesDigest(model.Parameters())
+					before, err := replicas.VariablesDigest(model.Parameters())
 					require.NoError(t, err)
 					ok, err := opt.Step()
 					require.NoError(t, err)
-					after, err := prepare.VariablesDigest(model.Parameters())
+					after, err := replicas.VariablesDigest(model.Parameters())
 					require.NoError(t, err)
 					assert.Equal(t, ok, before != after, "weights change exactly when Step reports a step")
 					stepped = append(stepped, ok)
-					z, err := opt.ZeroGrad()
-					zeroed = append(zeroed, z)
-					return err
+					zeroed = append(zeroed, acc.SyncGradients())
+					return opt.ZeroGrad()
 				}))
 			}
 			assert.Equal(t, tc.wantSyncs, syncs)
@@ -175,7 +175,7 @@ func TestCollectiveCounters(t *testing.T) {
 			base := acc.Stats()
 			for batch, err := range loader.All() {
 				require.NoError(t, err)
-				require.NoError(t, acc.Accumulate(model, func() error {
+				require.NoError(t, acc.Accumulate(func() error {
 					before := acc.Stats().Collectives.Of(backends.OpAllReduce)
 					if _, err := acc.Backward(model, batch); err != nil {
 						return err
@@ -189,7 +189,7 @@ func TestCollectiveCounters(t *testing.T) {
 					if _, err := opt.Step(); err != nil {
 						return err
 					}
-					_, err := opt.ZeroGrad()
+					err := opt.ZeroGrad()
 					return err
 				}))
 			}
@@ -201,7 +201,7 @@ func TestCollectiveCounters(t *testing.T) {
 			before := acc.Stats().Collectives
 			batch, err := loader.PeekBatch()
 			require.NoError(t, err)
-			require.NoError(t, acc.NoSync(model, func() error {
+			require.NoError(t, acc.NoSync(func() error {
 				_, err := acc.Backward(model, batch)
 				assert.False(t, acc.SyncGradients())
 				return err
@@ -220,7 +220,7 @@ func TestReplicasStayBitwiseIdentical(t *testing.T) {
 		var model *prepare.Model
 		run := testmodel.Run{Kind: testmodel.Adam, Inputs: inputs, Labels: labels, BatchSize: b,
 			AfterStep: func(int64) error {
-				d, err := prepare.VariablesDigest(model.ReplicatedVariables())
+				d, err := replicas.VariablesDigest(model.ReplicatedVariables())
 				digests[rank] = append(digests[rank], d)
 				return err
 			}}

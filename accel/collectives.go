@@ -6,6 +6,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -49,7 +50,7 @@ func (a *Accelerator) Gather(t *tensors.Tensor) (*tensors.Tensor, error) {
 		t = reshape(t, 1)
 		s = t.Shape()
 	}
-	if err := prepare.CheckSameSignature(a.comm, "gathered tensor shapes", []string{s.String()}); err != nil {
+	if err := replicas.CheckSameSignature(a.comm, "gathered tensor shapes", []string{s.String()}); err != nil {
 		return nil, fmt.Errorf("accel: gather: %w", err)
 	}
 	size := a.comm.Size()
@@ -123,7 +124,7 @@ func (a *Accelerator) Reduce(t *tensors.Tensor, op ReduceOp) (*tensors.Tensor, e
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := prepare.CheckSameSignature(a.comm, "reduced tensor shapes", []string{t.Shape().String()}); err != nil {
+	if err := replicas.CheckSameSignature(a.comm, "reduced tensor shapes", []string{t.Shape().String()}); err != nil {
 		return nil, fmt.Errorf("accel: reduce: %w", err)
 	}
 	out, err := t.LocalClone()
@@ -166,7 +167,7 @@ func (a *Accelerator) Broadcast(t *tensors.Tensor, root int) error {
 	if err := a.checkOpen(); err != nil {
 		return err
 	}
-	if err := prepare.CheckSameSignature(a.comm, "broadcast tensor shapes", []string{t.Shape().String()}); err != nil {
+	if err := replicas.CheckSameSignature(a.comm, "broadcast tensor shapes", []string{t.Shape().String()}); err != nil {
 		return fmt.Errorf("accel: broadcast: %w", err)
 	}
 	if t.Shape().Size() == 0 {

@@ -68,14 +68,14 @@ func Example() {
 				fmt.Println(err)
 				return
 			}
-			err = acc.Accumulate(model, func() error {
+			err = acc.Accumulate(func() error {
 				if lastLoss, err = acc.Backward(model, batch); err != nil {
 					return err
 				}
 				if _, err := opt.Step(); err != nil { // applies only on every 4th micro-batch
 					return err
 				}
-				_, err := opt.ZeroGrad()
+				err := opt.ZeroGrad()
 				return err
 			})
 			if err != nil {
@@ -118,7 +118,7 @@ func ExampleAccelerator_NoSync() {
 	for batch := range loader.All() {
 		scale := accel.LossScale(1.0 / k)
 		if i++; i%k != 0 {
-			_ = acc.NoSync(model, func() error {
+			_ = acc.NoSync(func() error {
 				_, err := acc.Backward(model, batch, scale)
 				fmt.Println("batch", i, "synced:", acc.SyncGradients())
 				return err

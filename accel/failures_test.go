@@ -14,6 +14,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -52,7 +53,7 @@ func TestNonFinitePolicyIsAgreedByAllRanks(t *testing.T) {
 				stepped, err := opt.Step()
 				require.NoError(t, err)
 				require.True(t, stepped)
-				before[rank], err = prepare.VariablesDigest(model.Parameters())
+				before[rank], err = replicas.VariablesDigest(model.Parameters())
 				require.NoError(t, err)
 
 				loss, err := acc.Backward(model, nanBatch(rank == 1))
@@ -68,7 +69,7 @@ func TestNonFinitePolicyIsAgreedByAllRanks(t *testing.T) {
 					require.NoError(t, err)
 					assert.EqualValues(t, 1, opt.SkippedSteps())
 				}
-				after[rank], err = prepare.VariablesDigest(model.Parameters())
+				after[rank], err = replicas.VariablesDigest(model.Parameters())
 				require.NoError(t, err)
 
 				// Training goes on normally afterwards.
@@ -151,10 +152,14 @@ func TestMisuseReturnsErrors(t *testing.T) {
 			return err
 		}, "model is nil"},
 		{"nested Accumulate", func(t *testing.T, acc *accel.Accelerator) error {
-			m, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
-			require.NoError(t, err)
-			return acc.Accumulate(m, func() error { return acc.Accumulate(m, func() error { return nil }) })
+			return acc.Accumulate(func() error { return acc.Accumulate(func() error { return nil }) })
 		}, "inside Accumulate"},
+		{"nil Accumulate body", func(t *testing.T, acc *accel.Accelerator) error {
+			return acc.Accumulate(nil)
+		}, "nil function"},
+		{"nil NoSync body", func(t *testing.T, acc *accel.Accelerator) error {
+			return acc.NoSync(nil)
+		}, "nil function"},
 		{"features change between batches", func(t *testing.T, acc *accel.Accelerator) error {
 			m, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
 			require.NoError(t, err)
@@ -282,7 +287,7 @@ func flatParams(t *testing.T, m *prepare.Model) []float64 {
 
 func backwardNoSync(acc *accel.Accelerator, m *prepare.Model, b prepare.Batch) (float64, error) {
 	var loss float64
-	err := acc.NoSync(m, func() (err error) {
+	err := acc.NoSync(func() (err error) {
 		loss, err = acc.Backward(m, b)
 		return err
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -113,7 +114,7 @@ func mpiRank() (any, error) {
 	last := acc.Stats()
 	run := testmodel.Run{Kind: testmodel.Adam, Inputs: inputs, Labels: labels, BatchSize: mpiBatch,
 		AfterStep: func(int64) error {
-			d, err := prepare.VariablesDigest(model.ReplicatedVariables())
+			d, err := replicas.VariablesDigest(model.ReplicatedVariables())
 			rep.Digests = append(rep.Digests, hex.EncodeToString(d[:]))
 			now := acc.Stats()
 			rep.AllReducesPerStep = append(rep.AllReducesPerStep,
@@ -127,7 +128,7 @@ func mpiRank() (any, error) {
 	rep.Buckets = len(model.Plan().Buckets)
 	before := acc.Stats().Collectives
 	x, y := testmodel.Data(mpiBatch, 3)
-	err = acc.NoSync(model, func() error {
+	err = acc.NoSync(func() error {
 		_, err := acc.Backward(model, batchOf(x, y))
 		return err
 	})
@@ -306,7 +307,7 @@ func TestMPIResumeIsBitwiseExact(t *testing.T) {
 					return nil, err
 				}
 			}
-			d, err := prepare.VariablesDigest(r.model.ReplicatedVariables())
+			d, err := replicas.VariablesDigest(r.model.ReplicatedVariables())
 			return hex.EncodeToString(d[:]), err
 		})
 		return

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 )
 
@@ -35,7 +36,7 @@ func defaultConfig() config {
 	check := os.Getenv(CheckReplicasEnvVar)
 	return config{
 		accumulationSteps: 1,
-		bucketCapMB:       25,
+		bucketCapMB:       float64(accumulate.DefaultBucketCapBytes) / (1 << 20),
 		seed:              42,
 		out:               os.Stdout,
 		checkReplicas:     check == "1" || check == "true",

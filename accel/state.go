@@ -12,6 +12,8 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/replicas"
+	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -110,7 +112,7 @@ func (a *Accelerator) currentState() (savedState, error) {
 		if !m.Materialized() {
 			return s, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
 		}
-		if m.PendingSync() {
+		if resume.Model.PendingSync(m) {
 			return s, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; save "+
 				"after the optimizer's Step", i)
 		}
@@ -136,7 +138,7 @@ func (a *Accelerator) currentState() (savedState, error) {
 func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte) error {
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
-		if err := saveVariables(m.Context(), modelDir, m.Accumulators()); err != nil {
+		if err := saveVariables(m.Context(), modelDir, resume.Model.Accumulators(m)); err != nil {
 			return err
 		}
 		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {
@@ -185,7 +187,7 @@ func recoverInto(err *error, what string) {
 func (a *Accelerator) gatherAccumulators(m *prepare.Model) ([]byte, error) {
 	var blob []byte
 	size := a.comm.Size()
-	for _, v := range m.Accumulators() {
+	for _, v := range resume.Model.Accumulators(m) {
 		value, err := v.Value()
 		if err != nil {
 			return nil, err
@@ -242,7 +244,7 @@ func (a *Accelerator) LoadState(dir string) error {
 		return fmt.Errorf("accel: loading state: %w", err)
 	}
 	for i, m := range a.models {
-		if err := prepare.BroadcastVariables(a.comm, m.ReplicatedVariables(), 0); err != nil {
+		if err := replicas.BroadcastVariables(a.comm, m.ReplicatedVariables(), 0); err != nil {
 			return fmt.Errorf("accel: loading state: %w", err)
 		}
 		var blob []byte
@@ -255,13 +257,13 @@ func (a *Accelerator) LoadState(dir string) error {
 		if err := a.restoreAccumulators(m, blob); err != nil {
 			return err
 		}
-		m.RestoreAccumulation(state.Models[i].Accumulating)
+		resume.Model.RestoreAccumulation(m, state.Models[i].Accumulating)
 	}
 	for i, o := range a.optimizers {
-		o.Restore(state.Optimizers[i].Steps, state.Optimizers[i].Skipped)
+		resume.Optimizer.Restore(o, state.Optimizers[i].Steps, state.Optimizers[i].Skipped)
 	}
 	for i, l := range a.loaders {
-		if err := l.Restore(state.Loaders[i].Epoch, state.Loaders[i].Position); err != nil {
+		if err := resume.Loader.Restore(l, state.Loaders[i].Epoch, state.Loaders[i].Position); err != nil {
 			return fmt.Errorf("accel: loading state: %w", err)
 		}
 	}
@@ -273,7 +275,7 @@ func (a *Accelerator) materializeForLoad() error {
 		if m.Materialized() {
 			continue
 		}
-		if len(a.loaders) == 0 || !a.loaders[0].Peekable() {
+		if len(a.loaders) == 0 || !resume.Loader.Peekable(a.loaders[0]) {
 			return fmt.Errorf("accel: loading state: model %d has no weights yet and no data loader to build it "+
 				"from: call model.Materialize with a batch first", i)
 		}
@@ -337,7 +339,7 @@ func (a *Accelerator) compatible(s savedState) error {
 		return fmt.Errorf("saved %d model(s), this run prepared %d", len(s.Models), len(a.models))
 	}
 	for i, m := range a.models {
-		if saved, current, differ := prepare.FirstDifference(s.Models[i].Plan, m.Plan().Signature()); differ {
+		if saved, current, differ := replicas.FirstDifference(s.Models[i].Plan, m.Plan().Signature()); differ {
 			return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i, saved, current)
 		}
 	}
@@ -352,7 +354,7 @@ func (a *Accelerator) compatible(s savedState) error {
 func (a *Accelerator) restoreAccumulators(m *prepare.Model, blob []byte) error {
 	size, rank := a.comm.Size(), a.comm.Rank()
 	offset := 0
-	for _, v := range m.Accumulators() {
+	for _, v := range resume.Model.Accumulators(m) {
 		value, err := v.Value()
 		if err != nil {
 			return err

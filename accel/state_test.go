@@ -22,6 +22,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -57,14 +58,14 @@ func (r resumable) train(acc *accel.Accelerator, epochs, stopAfter int) (int, er
 			if err != nil {
 				return ran, err
 			}
-			err = acc.Accumulate(r.model, func() error {
+			err = acc.Accumulate(func() error {
 				if _, err := acc.Backward(r.model, batch); err != nil {
 					return err
 				}
 				if _, err := r.opt.Step(); err != nil {
 					return err
 				}
-				_, err := r.opt.ZeroGrad()
+				err := r.opt.ZeroGrad()
 				return err
 			})
 			if err != nil {
@@ -99,7 +100,7 @@ func TestResumeIsBitwiseExact(t *testing.T) {
 					return err
 				}
 				var err error
-				straight[rank], err = prepare.VariablesDigest(r.model.ReplicatedVariables())
+				straight[rank], err = replicas.VariablesDigest(r.model.ReplicatedVariables())
 				return err
 			})
 			var steps int64
@@ -128,7 +129,7 @@ func TestResumeIsBitwiseExact(t *testing.T) {
 				if ran != 2*11-stopAfter {
 					return fmt.Errorf("resumed run ran %d micro-batches, want %d", ran, 2*11-stopAfter)
 				}
-				resumed[rank], err = prepare.VariablesDigest(r.model.ReplicatedVariables())
+				resumed[rank], err = replicas.VariablesDigest(r.model.ReplicatedVariables())
 				return err
 			})
 			assert.Equal(t, straight, resumed)

@@ -8,6 +8,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -37,7 +38,7 @@ func (a *Accelerator) PrepareOptimizer(model *prepare.Model, opt optimizers.Inte
 	}
 	if a.cfg.checkReplicas {
 		opts = append(opts, prepare.AfterStep(func() error {
-			return prepare.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
+			return replicas.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
 		}))
 	}
 	o, err := prepare.NewOptimizer(model, opt, opts...)
@@ -115,8 +116,11 @@ func (a *Accelerator) checkModel(model *prepare.Model) error {
 // 1/K, and syncs only on every K-th call, on the data loader's last batch, or always with
 // WithSyncEachBatch. The optimizer's Step and ZeroGrad do nothing on calls that did not sync, so the loop
 // body stays the same as without accumulation.
-func (a *Accelerator) Accumulate(model *prepare.Model, fn func() error) error {
-	if err := a.checkModel(model); err != nil {
+//
+// The gradient state is the accelerator's, shared by every model it prepared (as in Accelerate): the
+// cycle applies to all of them.
+func (a *Accelerator) Accumulate(fn func() error) error {
+	if err := a.checkFn(fn); err != nil {
 		return err
 	}
 	return a.state.Accumulate(fn)
@@ -124,11 +128,21 @@ func (a *Accelerator) Accumulate(model *prepare.Model, fn func() error) error {
 
 // NoSync runs fn without gradient synchronisation: Backward inside it only accumulates locally, and the
 // first Backward outside it syncs everything accumulated.
-func (a *Accelerator) NoSync(model *prepare.Model, fn func() error) error {
-	if err := a.checkModel(model); err != nil {
+func (a *Accelerator) NoSync(fn func() error) error {
+	if err := a.checkFn(fn); err != nil {
 		return err
 	}
 	return a.state.NoSync(fn)
+}
+
+func (a *Accelerator) checkFn(fn func() error) error {
+	if err := a.checkOpen(); err != nil {
+		return err
+	}
+	if fn == nil {
+		return errors.New("accel: nil function")
+	}
+	return nil
 }
 
 // SyncGradients reports whether the current step synchronises gradients: inside Accumulate, whether this
@@ -144,7 +158,7 @@ func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
 	if !model.Materialized() {
 		return fmt.Errorf("accel: model has no weights yet")
 	}
-	return prepare.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
+	return replicas.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
 }
 
 // Models are the models prepared so far, in order.

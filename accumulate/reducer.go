@@ -3,7 +3,6 @@ package accumulate
 import (
 	"fmt"
 	"runtime"
-	"time"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
@@ -15,15 +14,7 @@ type Reducer struct {
 	comm *backends.Communicator
 	plan Plan
 
-	syncs    int64
-	lastSync SyncStats
-}
-
-// SyncStats describes one sync.
-type SyncStats struct {
-	Buckets  int
-	Bytes    int64
-	Duration time.Duration // from the first bucket's start to the last bucket's completion
+	syncs int64
 }
 
 // NewReducer returns a reducer for plan over comm.
@@ -37,9 +28,6 @@ func (r *Reducer) Plan() Plan { return r.plan }
 // Syncs is the number of syncs performed.
 func (r *Reducer) Syncs() int64 { return r.syncs }
 
-// LastSync describes the most recent sync.
-func (r *Reducer) LastSync() SyncStats { return r.lastSync }
-
 // Sync sums the buckets across ranks, in place. buckets[i] is bucket i's flat accumulator. Each bucket's
 // all-reduce starts as soon as that bucket is on the host, so fetching bucket i+1 (a device-to-host copy on
 // an accelerator) overlaps the reduction of bucket i. Averaging is left to the caller, which folds the
@@ -51,8 +39,6 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 	if len(buckets) != len(r.plan.Buckets) {
 		return fmt.Errorf("accumulate: %d bucket tensors for a plan of %d buckets", len(buckets), len(r.plan.Buckets))
 	}
-	start := time.Now()
-	stats := SyncStats{Buckets: len(buckets)}
 	if r.comm.Size() > 1 {
 		pending := make([]*backends.Pending, 0, len(buckets))
 		waitAll := func() error {
@@ -76,7 +62,6 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 				return fmt.Errorf("accumulate: all-reduce of bucket %d (%d bytes): %w", i, r.plan.Buckets[i].Bytes(), err)
 			}
 			pending = append(pending, p)
-			stats.Bytes += int64(r.plan.Buckets[i].Bytes())
 		}
 		if err := waitAll(); err != nil {
 			return fmt.Errorf("accumulate: gradient sync: %w", err)
@@ -84,9 +69,7 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 		// The engines wrote into the tensors' memory; keep the tensors alive until here.
 		runtime.KeepAlive(buckets)
 	}
-	stats.Duration = time.Since(start)
 	r.syncs++
-	r.lastSync = stats
 	return nil
 }
 

@@ -88,7 +88,7 @@ func newSGD() optimizers.Interface {
 func (t *trainer) microBatch() error {
 	batch := t.batches[t.next%len(t.batches)]
 	t.next++
-	return t.acc.Accumulate(t.model, func() error {
+	return t.acc.Accumulate(func() error {
 		if _, err := t.acc.Backward(t.model, batch); err != nil {
 			return err
 		}
@@ -100,7 +100,7 @@ func (t *trainer) microBatch() error {
 		if _, err := t.opt.Step(); err != nil {
 			return err
 		}
-		_, err := t.opt.ZeroGrad()
+		err := t.opt.ZeroGrad()
 		return err
 	})
 }

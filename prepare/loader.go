@@ -42,7 +42,6 @@ type loaderConfig struct {
 	dropLast    bool
 	evenBatches bool
 	seed        uint64
-	seedSet     bool
 }
 
 // BatchSize sets the per-rank batch size: N ranks each take this many examples per step.
@@ -61,7 +60,7 @@ func EvenBatches(on bool) LoaderOption { return func(c *loaderConfig) { c.evenBa
 
 // Seed sets the shuffling seed (by default the Accelerator's seed).
 func Seed(seed uint64) LoaderOption {
-	return func(c *loaderConfig) { c.seed, c.seedSet = seed, true }
+	return func(c *loaderConfig) { c.seed = seed }
 }
 
 // DataLoader yields this rank's batches of each epoch.
@@ -132,13 +131,6 @@ func newLoader(rt *Runtime, opts []LoaderOption) (*DataLoader, error) {
 	return &DataLoader{rt: rt, cfg: cfg}, nil
 }
 
-// SetSeedIfUnset gives the loader a seed unless an option set one (the Accelerator passes its own).
-func (l *DataLoader) SetSeedIfUnset(seed uint64) {
-	if !l.cfg.seedSet {
-		l.cfg.seed, l.cfg.seedSet = seed, true
-	}
-}
-
 // SetEpoch selects the epoch whose order the next iteration yields. Without it, each new iteration
 // advances the epoch by one, so forgetting it does not repeat the same order. Setting the epoch a Restore
 // selected keeps the restored position; any other epoch starts at its first batch.
@@ -163,9 +155,9 @@ func (l *DataLoader) BatchSize() int { return l.cfg.batchSize }
 // Position is the number of batches of the current epoch already yielded.
 func (l *DataLoader) Position() int { return l.position }
 
-// Restore makes the next iteration yield epoch's batches from batch position on: a resumed job skips the
+// restore makes the next iteration yield epoch's batches from batch position on: a resumed job skips the
 // batches it consumed before its checkpoint without computing them.
-func (l *DataLoader) Restore(epoch, position int) error {
+func (l *DataLoader) restore(epoch, position int) error {
 	if position < 0 {
 		return fmt.Errorf("prepare: cannot resume at batch %d: positions count batches from 0", position)
 	}
@@ -330,6 +322,3 @@ func (l *DataLoader) PeekBatch() (Batch, error) {
 	}
 	return l.sourceBatch(l.order(epoch), epoch, step)
 }
-
-// Peekable reports whether PeekBatch works (the loader has an indexable source).
-func (l *DataLoader) Peekable() bool { return l.source != nil }

@@ -14,6 +14,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -201,21 +202,6 @@ func TestLoaderShuffle(t *testing.T) {
 	}
 	assert.NotEqual(t, other["epoch 1"], other["epoch 2"])
 	assert.Equal(t, identity(n), epoch(7, 3, size, false), "without Shuffle the order is the dataset's")
-}
-
-func TestLoaderSeedIfUnset(t *testing.T) {
-	const n = 16
-	order := func(opts ...prepare.LoaderOption) []int {
-		l := newLoaders(t, loaderRuntimes(t, 1, 1), rangeSource(t, n), append(opts, prepare.BatchSize(n), prepare.Shuffle())...)[0]
-		l.SetSeedIfUnset(99)
-		return globalOrder(t, allRanksEpoch(t, []*prepare.DataLoader{l}))
-	}
-	explicit := func(seed uint64) []int {
-		return order(prepare.Seed(seed))
-	}
-	assert.Equal(t, explicit(99), order(), "without Seed, SetSeedIfUnset's seed is used")
-	assert.Equal(t, explicit(3), order(prepare.Seed(3)), "an explicit Seed wins over SetSeedIfUnset")
-	assert.NotEqual(t, explicit(3), explicit(99))
 }
 
 // TestLoaderDivisible: when N divides n the shards are disjoint, cover every example once per epoch, and
@@ -543,7 +529,7 @@ func TestLoaderRestore(t *testing.T) {
 			rts := loaderRuntimes(t, size, 1)
 			loaders := newLoaders(t, rts, rangeSource(t, n), opts...)
 			for r, l := range loaders {
-				require.NoError(t, l.Restore(2, position))
+				require.NoError(t, resume.Loader.Restore(l, 2, position))
 				assert.Equal(t, position, l.Position())
 				assert.Equal(t, 2, l.Epoch())
 				l.SetEpoch(2) // the usual loop calls SetEpoch with the restored epoch: it keeps the position
@@ -572,7 +558,7 @@ func TestLoaderRestore(t *testing.T) {
 	t.Run("SetEpoch to another epoch forgets the position", func(t *testing.T) {
 		loaders := newLoaders(t, loaderRuntimes(t, size, 1), rangeSource(t, n), opts...)
 		for r, l := range loaders {
-			require.NoError(t, l.Restore(2, 3))
+			require.NoError(t, resume.Loader.Restore(l, 2, 3))
 			l.SetEpoch(3)
 			assert.Equal(t, indicesOf(ref3[r]), indicesOf(epochBatches(t, l)))
 		}
@@ -581,7 +567,7 @@ func TestLoaderRestore(t *testing.T) {
 	t.Run("out of range", func(t *testing.T) {
 		l := newLoaders(t, loaderRuntimes(t, 1, 1), rangeSource(t, n), opts...)[0]
 		for _, position := range []int{-1, l.Len() + 1, 100} {
-			err := l.Restore(1, position)
+			err := resume.Loader.Restore(l, 1, position)
 			require.Error(t, err, "position %d", position)
 			assert.Contains(t, err.Error(), fmt.Sprint(position))
 		}
@@ -620,13 +606,13 @@ func TestLoaderPeekBatch(t *testing.T) {
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after an iteration (next epoch)", r))
 		l.SetEpoch(7)
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after SetEpoch", r))
-		require.NoError(t, l.Restore(4, 1))
+		require.NoError(t, resume.Loader.Restore(l, 4, 1))
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after Restore", r))
 	}
 
 	t.Run("restored at the end of an epoch", func(t *testing.T) {
 		l := loaders[0]
-		require.NoError(t, l.Restore(4, l.Len()))
+		require.NoError(t, resume.Loader.Restore(l, 4, l.Len()))
 		peeked, err := l.PeekBatch()
 		require.NoError(t, err, "a model can still be built from a loader restored at the end of an epoch")
 		assert.Equal(t, 4, peeked.Epoch)
@@ -739,7 +725,7 @@ func TestLoaderPositionFollowsSetEpoch(t *testing.T) {
 	assert.Equal(t, 1, l.Epoch())
 	assert.Zero(t, l.Position(), "epoch 1 has not started")
 
-	require.NoError(t, l.Restore(4, 2))
+	require.NoError(t, resume.Loader.Restore(l, 4, 2))
 	l.SetEpoch(4)
 	assert.Equal(t, 2, l.Position(), "SetEpoch with the restored epoch keeps the restored position")
 	l.SetEpoch(5)

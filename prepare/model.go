@@ -15,6 +15,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/internal/replicas"
 )
 
 // ModelFn builds the forward graph: it maps input nodes to predictions (for a classifier, logits). It is
@@ -26,8 +27,8 @@ type ModelFn func(ctx *context.Context, inputs []*Node) []*Node
 // batch size, which is what makes N ranks × K micro-batches equal one big batch.
 type LossFn = losses.LossFn
 
-// BucketScope is the absolute context scope of the gradient accumulators (one flat variable per bucket).
-const BucketScope = "/goaccel/buckets"
+// bucketScope is the absolute context scope of the gradient accumulators (one flat variable per bucket).
+const bucketScope = "/goaccel/buckets"
 
 // Model is a GoMLX model prepared for the job: its backward pass adds each micro-batch's gradients into
 // bucket-flat accumulators and, on sync steps, all-reduces them.
@@ -144,11 +145,11 @@ func (m *Model) Materialize(batch Batch) (err error) {
 			return err
 		}
 	}
-	if err := CheckSameSignature(m.rt.Comm, "bucket plans", m.plan.Signature()); err != nil {
+	if err := replicas.CheckSameSignature(m.rt.Comm, "bucket plans", m.plan.Signature()); err != nil {
 		m.materialized = false
 		return err
 	}
-	if err := BroadcastVariables(m.rt.Comm, m.ReplicatedVariables(), 0); err != nil {
+	if err := replicas.BroadcastVariables(m.rt.Comm, m.ReplicatedVariables(), 0); err != nil {
 		m.materialized = false
 		return err
 	}
@@ -168,7 +169,7 @@ func (m *Model) ReplicatedVariables() []*context.Variable {
 	return vars
 }
 
-func isBucketVariable(v *context.Variable) bool { return v.Scope() == BucketScope }
+func isBucketVariable(v *context.Variable) bool { return v.Scope() == bucketScope }
 
 // microStepGraph is the compiled micro-batch step: forward, loss, gradients of the planned parameters,
 // flattened and added (times the micro-batch scale) into the bucket accumulators. Outputs the loss.
@@ -224,7 +225,7 @@ func (m *Model) planFromGraph(ctx *context.Context, g *Graph) {
 		panic(err)
 	}
 	m.plan = plan
-	bucketCtx := ctx.InAbsPath(BucketScope).Checked(false).WithInitializer(initializers.Zero)
+	bucketCtx := ctx.InAbsPath(bucketScope).Checked(false).WithInitializer(initializers.Zero)
 	m.buckets = make([]*context.Variable, len(plan.Buckets))
 	for b, bucket := range plan.Buckets {
 		m.buckets[b] = bucketCtx.VariableWithShape(fmt.Sprintf("bucket_%03d", b), shapes.Make(bucket.DType, bucket.Size)).
@@ -345,9 +346,6 @@ func (m *Model) sync() error {
 	return nil
 }
 
-// Synced reports whether all-reduced gradients wait to be applied.
-func (m *Model) Synced() bool { return m.synced }
-
 // clearAccumulators zeroes the accumulators on the host: cheaper than a compiled step, and ZeroGrad is not
 // on the hot path (the optimizer's update already zeroes them).
 func (m *Model) clearAccumulators() error {
@@ -424,14 +422,6 @@ func poisonFirstElement(t *tensors.Tensor) {
 	})
 }
 
-// Accumulators are the bucket accumulator variables, one per bucket (valid once materialised). They are
-// per-rank: a checkpoint taken mid-cycle must keep every rank's.
-func (m *Model) Accumulators() []*context.Variable { return m.buckets }
-
-// PendingSync reports whether gradients were all-reduced but not yet applied by the optimizer.
-func (m *Model) PendingSync() bool { return m.synced }
-
-// RestoreAccumulation marks the accumulators as holding restored partial sums (or not).
-func (m *Model) RestoreAccumulation(dirty bool) {
+func (m *Model) restoreAccumulation(dirty bool) {
 	m.dirty, m.synced, m.localLossNonFinite = dirty, false, false
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+
+	"github.com/goaccel/goaccel/internal/replicas"
 )
 
 // NonFinitePolicy says what an optimizer step does when the synced gradients (or a rank's loss) hold NaN
@@ -101,7 +103,7 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 			return nil, err
 		}
 		// The model's replicas were already synced; the optimizer state is new, so sync it now.
-		if err := BroadcastVariables(model.rt.Comm, model.ReplicatedVariables(), 0); err != nil {
+		if err := replicas.BroadcastVariables(model.rt.Comm, model.ReplicatedVariables(), 0); err != nil {
 			return nil, err
 		}
 	} else {
@@ -215,13 +217,13 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 	return true, nil
 }
 
-// ZeroGrad clears the accumulated gradients and reports whether it did: like Step it is a no-op on steps
-// that did not sync, so the same loop body works with and without accumulation.
-func (o *Optimizer) ZeroGrad() (bool, error) {
+// ZeroGrad clears the accumulated gradients. Like Step it is a no-op on steps that did not sync
+// (SyncGradients reports which), so the same loop body works with and without accumulation.
+func (o *Optimizer) ZeroGrad() error {
 	if !o.model.rt.State.SyncGradients() {
-		return false, nil
+		return nil
 	}
-	return true, o.model.clearAccumulators()
+	return o.model.clearAccumulators()
 }
 
 // Steps is the number of optimizer steps applied.
@@ -232,9 +234,6 @@ func (o *Optimizer) SkippedSteps() int64 { return o.skippedSteps }
 
 // ComputeTime is the time spent in optimizer updates.
 func (o *Optimizer) ComputeTime() time.Duration { return o.computeTime }
-
-// Optimizer is the wrapped GoMLX optimizer.
-func (o *Optimizer) Optimizer() optimizers.Interface { return o.optimizer }
 
 // bucketsFinite scans the synced accumulators on the host.
 func (m *Model) bucketsFinite() (bool, error) {
@@ -269,8 +268,7 @@ func (m *Model) bucketsFinite() (bool, error) {
 	return true, nil
 }
 
-// Restore sets the step counters from a checkpoint.
-func (o *Optimizer) Restore(steps, skipped int64) { o.steps, o.skippedSteps = steps, skipped }
+func (o *Optimizer) restore(steps, skipped int64) { o.steps, o.skippedSteps = steps, skipped }
 
 // Model is the model this optimizer updates.
 func (o *Optimizer) Model() *Model { return o.model }

@@ -67,7 +67,7 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 		batch := Batch{Epoch: epoch, Step: step, ValidPerRank: make([]int, size)}
 		for r := range size {
 			if r < len(current) {
-				batch.ValidPerRank[r] = batchRows(current[r].inputs)
+				batch.ValidPerRank[r] = Batch{Inputs: current[r].inputs}.Size()
 			}
 		}
 		mine := current[rank%len(current)]
@@ -79,11 +79,4 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 		}
 		current = next
 	}
-}
-
-func batchRows(ts []*tensors.Tensor) int {
-	if len(ts) == 0 || ts[0].Shape().Rank() == 0 {
-		return 0
-	}
-	return ts[0].Shape().Dimensions[0]
 }

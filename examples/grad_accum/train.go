@@ -87,7 +87,7 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 				return nil, err
 			}
 			var loss float64
-			err = acc.Accumulate(model, func() error {
+			err = acc.Accumulate(func() error {
 				var err error
 				if loss, err = acc.Backward(model, batch); err != nil {
 					return err
@@ -102,7 +102,7 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 					res.stepLosses = append(res.stepLosses, stepLossSum/float64(stepBatches))
 					stepLossSum, stepBatches = 0, 0
 				}
-				_, err = opt.ZeroGrad()
+				err = opt.ZeroGrad()
 				return err
 			})
 			if err != nil {

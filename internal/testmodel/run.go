@@ -75,7 +75,7 @@ func (r Run) Train(acc *accel.Accelerator) (Result, error) {
 		if err != nil {
 			return err
 		}
-		if _, err := opt.ZeroGrad(); err != nil {
+		if err := opt.ZeroGrad(); err != nil {
 			return err
 		}
 		if stepped && r.AfterStep != nil {
@@ -93,7 +93,7 @@ func (r Run) Train(acc *accel.Accelerator) (Result, error) {
 			if r.ManualK > 0 {
 				scale := accel.LossScale(1 / float64(r.ManualK))
 				if (i+1)%r.ManualK != 0 {
-					err = acc.NoSync(model, func() error {
+					err = acc.NoSync(func() error {
 						loss, err := acc.Backward(model, batch, scale)
 						res.Losses = append(res.Losses, loss)
 						return err
@@ -107,7 +107,7 @@ func (r Run) Train(acc *accel.Accelerator) (Result, error) {
 					}
 				}
 			} else {
-				err = acc.Accumulate(model, func() error {
+				err = acc.Accumulate(func() error {
 					var opts []accel.BackwardOption
 					if r.LossScale != 0 {
 						opts = append(opts, accel.LossScale(r.LossScale))

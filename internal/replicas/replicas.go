@@ -1,4 +1,6 @@
-package prepare
+// Package replicas keeps the ranks' copies of a model identical: it broadcasts variables from one rank,
+// compares what the ranks describe (bucket plans, checkpoint layouts) and checks weights bitwise.
+package replicas
 
 import (
 	"bytes"
@@ -25,7 +27,7 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 	sum := sha256.Sum256(text)
 	sums := make([]byte, len(sum)*size)
 	if err := comm.AllGather(sum[:], sums); err != nil {
-		return fmt.Errorf("prepare: comparing %s across ranks: %w", what, err)
+		return fmt.Errorf("replicas: comparing %s across ranks: %w", what, err)
 	}
 	firstDiffering := -1
 	for r := range size {
@@ -40,7 +42,7 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 	// Rare path: exchange the full texts (lengths first, then padded to the longest) to say what differs.
 	lengths := make([]int64, size)
 	if err := comm.AllGather([]int64{int64(len(text))}, lengths); err != nil {
-		return fmt.Errorf("prepare: %s differ across ranks, and exchanging them failed: %w", what, err)
+		return fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
 	}
 	longest := int64(0)
 	for _, n := range lengths {
@@ -50,7 +52,7 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 	copy(padded, text)
 	all := make([]byte, longest*int64(size))
 	if err := comm.AllGather(padded, all); err != nil {
-		return fmt.Errorf("prepare: %s differ across ranks, and exchanging them failed: %w", what, err)
+		return fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
 	}
 	linesOf := func(r int) []string {
 		start := int64(r) * longest
@@ -61,10 +63,10 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 		other = firstDiffering
 	}
 	if a, b, differ := FirstDifference(linesOf(me), linesOf(other)); differ {
-		return fmt.Errorf("prepare: %s differ across ranks: rank %d has %q where rank %d has %q", what, me, a,
+		return fmt.Errorf("replicas: %s differ across ranks: rank %d has %q where rank %d has %q", what, me, a,
 			other, b)
 	}
-	return fmt.Errorf("prepare: %s differ across ranks %d and %d", what, me, other)
+	return fmt.Errorf("replicas: %s differ across ranks %d and %d", what, me, other)
 }
 
 // FirstDifference returns the first line where a and b differ ("<nothing>" standing for a missing line),
@@ -105,7 +107,7 @@ func BroadcastVariables(comm *backends.Communicator, vars []*context.Variable, r
 	for _, v := range vars {
 		value, err := v.Value()
 		if err != nil {
-			return fmt.Errorf("prepare: variable %q has no value to broadcast: %w", v.ScopeAndName(), err)
+			return fmt.Errorf("replicas: variable %q has no value to broadcast: %w", v.ScopeAndName(), err)
 		}
 		var bcastErr error
 		err = value.MutableBytes(func(data []byte) { bcastErr = comm.Broadcast(data, root) })
@@ -113,7 +115,7 @@ func BroadcastVariables(comm *backends.Communicator, vars []*context.Variable, r
 			err = bcastErr
 		}
 		if err != nil {
-			return fmt.Errorf("prepare: broadcasting variable %q: %w", v.ScopeAndName(), err)
+			return fmt.Errorf("replicas: broadcasting variable %q: %w", v.ScopeAndName(), err)
 		}
 	}
 	return nil
@@ -126,7 +128,7 @@ func VariablesDigest(vars []*context.Variable) ([32]byte, error) {
 	for _, v := range vars {
 		value, err := v.Value()
 		if err != nil {
-			return [32]byte{}, fmt.Errorf("prepare: variable %q: %w", v.ScopeAndName(), err)
+			return [32]byte{}, fmt.Errorf("replicas: variable %q: %w", v.ScopeAndName(), err)
 		}
 		h.Write([]byte(v.ScopeAndName()))
 		var n [8]byte
@@ -156,7 +158,7 @@ func CheckReplicasInSync(comm *backends.Communicator, vars []*context.Variable) 
 		lines[i] = fmt.Sprintf("%s sha256:%x", v.ScopeAndName(), d[:8])
 	}
 	if err := CheckSameSignature(comm, "replica weights", lines); err != nil {
-		return fmt.Errorf("prepare: replicas diverged: %w", err)
+		return fmt.Errorf("replicas: replicas diverged: %w", err)
 	}
 	return nil
 }
