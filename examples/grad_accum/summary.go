@@ -31,11 +31,16 @@ type summary struct {
 	TrainExamples     int       `json:"train_examples"`
 	TestAccuracy      float64   `json:"test_accuracy"`
 	FinalLoss         jsonFloat `json:"final_loss"` // mean training loss of the last epoch, all processes
-	Seconds           float64   `json:"seconds"`    // wall time of the whole run
+	Model             string    `json:"model"`
+	// TrainSeconds is the wall time of the training loop alone (no data loading, no evaluation), and
+	// ExamplesPerSecond the job's throughput over it: every process's examples, every epoch.
+	TrainSeconds      float64 `json:"train_seconds"`
+	ExamplesPerSecond float64 `json:"examples_per_second"`
+	Seconds           float64 `json:"seconds"` // wall time of the whole run
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExamples int, accuracy, finalLoss float64,
-	elapsed time.Duration) summary {
+	trainTime, elapsed time.Duration) summary {
 	return summary{
 		Rank:              acc.Rank(),
 		WorldSize:         acc.WorldSize(),
@@ -53,6 +58,9 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExam
 		TrainExamples:     trainExamples,
 		TestAccuracy:      accuracy,
 		FinalLoss:         jsonFloat(finalLoss),
+		Model:             cfg.model,
+		TrainSeconds:      seconds(trainTime),
+		ExamplesPerSecond: math.Round(float64(trainExamples*cfg.epochs) / trainTime.Seconds()),
 		Seconds:           seconds(elapsed),
 	}
 }

@@ -25,12 +25,38 @@ const (
 	pixelStd  = 0.3530
 )
 
-// mlp returns the model function: standardise, 784 → hidden (ReLU) → 10 logits. Small on purpose: GoMLX's
-// pure-Go backend pays for every dense gradient, and one hidden layer already reaches ≈0.86 in three
-// epochs (published MLP baselines are ≈0.87).
+// modelFn returns the model function the -model flag names.
+func modelFn(cfg config) prepare.ModelFn {
+	if cfg.model == "cnn" {
+		return cnn(cfg.hidden)
+	}
+	return mlp(cfg.hidden)
+}
+
+// standardise centres and scales the pixels.
+func standardise(pixels *Node) *Node { return DivScalar(AddScalar(pixels, -pixelMean), pixelStd) }
+
+// mlp returns the model function: standardise, 784 → hidden (ReLU) → 10 logits. One hidden layer already
+// reaches ≈0.86 in three epochs (published MLP baselines are ≈0.87).
 func mlp(hidden int) prepare.ModelFn {
 	return func(ctx *context.Context, inputs []*Node) []*Node {
-		x := DivScalar(AddScalar(inputs[0], -pixelMean), pixelStd)
+		h := activations.Relu(layers.Dense(ctx.In("hidden"), standardise(inputs[0]), true, hidden))
+		return []*Node{layers.Dense(ctx.In("output"), h, true, fashionmnist.NumClasses)}
+	}
+}
+
+// cnn returns a small convolutional model: two 3×3 convolutions (32 and 64 filters, ReLU) each followed by
+// 2×2 max-pooling, then hidden (ReLU) → 10 logits. Convolutions see neighbouring pixels together, which
+// takes Fashion-MNIST past 0.90 where the MLP stops near 0.87.
+func cnn(hidden int) prepare.ModelFn {
+	return func(ctx *context.Context, inputs []*Node) []*Node {
+		// Channels last, GoMLX's default layout.
+		x := Reshape(standardise(inputs[0]), -1, fashionmnist.Height, fashionmnist.Width, 1)
+		for i, filters := range []int{32, 64} {
+			x = layers.Convolution(ctx.In(fmt.Sprintf("conv%d", i)), x).Filters(filters).KernelSize(3).PadSame().Done()
+			x = MaxPool(activations.Relu(x)).Window(2).Done()
+		}
+		x = Reshape(x, x.Shape().Dimensions[0], -1)
 		h := activations.Relu(layers.Dense(ctx.In("hidden"), x, true, hidden))
 		return []*Node{layers.Dense(ctx.In("output"), h, true, fashionmnist.NumClasses)}
 	}
@@ -55,7 +81,7 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 	// A fixed seed makes runs repeatable; rank 0's initial weights are broadcast anyway, so the other
 	// processes' initialisation does not matter.
 	ctx.SetParam(context.ParamInitialSeed, int64(cfg.seed))
-	model, err := acc.PrepareModel(ctx, mlp(cfg.hidden), losses.SparseCategoricalCrossEntropyLogits)
+	model, err := acc.PrepareModel(ctx, modelFn(cfg), losses.SparseCategoricalCrossEntropyLogits)
 	if err != nil {
 		return nil, err
 	}
