@@ -42,6 +42,7 @@ type loaderConfig struct {
 	dropLast    bool
 	evenBatches bool
 	seed        uint64
+	prefetch    bool
 }
 
 // BatchSize sets the per-rank batch size: N ranks each take this many examples per step.
@@ -57,6 +58,12 @@ func DropLast() LoaderOption { return func(c *loaderConfig) { c.dropLast = true 
 // every rank yields the same number of batches of the same size: a rank with one batch fewer would wait
 // forever in the others' gradient sync. Turn it off only for per-rank work with no collectives.
 func EvenBatches(on bool) LoaderOption { return func(c *loaderConfig) { c.evenBatches = on } }
+
+// Prefetch (on by default) gathers the next batch of an indexable source on another goroutine while the
+// current one trains, so copying examples overlaps compute. The source's Batch is still called for one
+// batch at a time, in order; turn prefetching off for a source that must be read from the loop's
+// goroutine.
+func Prefetch(on bool) LoaderOption { return func(c *loaderConfig) { c.prefetch = on } }
 
 // Seed sets the shuffling seed (by default the Accelerator's seed).
 func Seed(seed uint64) LoaderOption {
@@ -121,7 +128,7 @@ func newLoader(rt *Runtime, opts []LoaderOption) (*DataLoader, error) {
 	if err := rt.validate(); err != nil {
 		return nil, err
 	}
-	cfg := loaderConfig{evenBatches: true, batchSize: 1}
+	cfg := loaderConfig{evenBatches: true, batchSize: 1, prefetch: true}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
@@ -259,8 +266,32 @@ func (l *DataLoader) iterateSource(yield func(Batch, error) bool) {
 	numBatches := l.Len()
 	start := l.skip
 	l.skip = 0
+	// next, when not nil, delivers batch step+1, gathered while step trains. It only reads the source and
+	// the loader's configuration, which do not change during an iteration; a consumer that stops early
+	// leaves it to finish into its buffered channel and be collected.
+	type gathered struct {
+		batch Batch
+		err   error
+	}
+	var next chan gathered
 	for step := start; step < numBatches; step++ {
-		batch, err := l.sourceBatch(order, epoch, step)
+		var batch Batch
+		var err error
+		if next != nil {
+			g := <-next
+			batch, err = g.batch, g.err
+		} else {
+			batch, err = l.sourceBatch(order, epoch, step)
+		}
+		next = nil
+		if l.cfg.prefetch && err == nil && step+1 < numBatches {
+			ch := make(chan gathered, 1)
+			go func(step int) {
+				b, err := l.sourceBatch(order, epoch, step)
+				ch <- gathered{b, err}
+			}(step + 1)
+			next = ch
+		}
 		l.rt.State.SetEndOfDataloader(step == numBatches-1)
 		l.position = step + 1
 		if !yield(batch, err) || err != nil {

@@ -806,3 +806,52 @@ func TestLoaderEmptyShard(t *testing.T) {
 		assert.Contains(t, err.Error(), "empty")
 	}
 }
+
+// countingSource records, in order, the batches its Batch was asked for and from how many goroutines at
+// once: prefetching must keep calls sequential and in the epoch's order.
+type countingSource struct {
+	prepare.Source
+	mu                sync.Mutex
+	calls             [][]int
+	inFlight, maxSeen int
+}
+
+func (s *countingSource) Batch(indices []int) (inputs, labels []*tensors.Tensor, err error) {
+	s.mu.Lock()
+	s.inFlight++
+	s.maxSeen = max(s.maxSeen, s.inFlight)
+	s.calls = append(s.calls, slices.Clone(indices))
+	s.mu.Unlock()
+	defer func() { s.mu.Lock(); s.inFlight--; s.mu.Unlock() }()
+	return s.Source.Batch(indices)
+}
+
+// TestLoaderPrefetch: with prefetching (the default) the loader yields exactly the batches it yields without
+// it, asks the source for each batch once, one at a time, and an early break leaves nothing behind that
+// changes the next epoch.
+func TestLoaderPrefetch(t *testing.T) {
+	for _, prefetch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
+			src := &countingSource{Source: rangeSource(t, 37)}
+			l := newLoaders(t, loaderRuntimes(t, 1, 1), src, prepare.BatchSize(4), prepare.Shuffle(),
+				prepare.Prefetch(prefetch))[0]
+			reference := newLoaders(t, loaderRuntimes(t, 1, 1), rangeSource(t, 37), prepare.BatchSize(4),
+				prepare.Shuffle(), prepare.Prefetch(false))[0]
+			got := indicesOf(epochBatches(t, l))
+			assert.Equal(t, indicesOf(epochBatches(t, reference)), got)
+			src.mu.Lock()
+			assert.Equal(t, got, src.calls, "one source call per batch, in order")
+			assert.Equal(t, 1, src.maxSeen, "the source is never called concurrently")
+			src.mu.Unlock()
+
+			for batch, err := range l.All() { // epoch 1, abandoned after its first batch
+				require.NoError(t, err)
+				require.Equal(t, 1, batch.Epoch)
+				break
+			}
+			l.SetEpoch(2)
+			reference.SetEpoch(2)
+			assert.Equal(t, indicesOf(epochBatches(t, reference)), indicesOf(epochBatches(t, l)))
+		})
+	}
+}
