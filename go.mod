@@ -7,6 +7,7 @@ require (
 	github.com/schollz/progressbar/v3 v3.18.0
 	github.com/stretchr/testify v1.11.1
 	golang.org/x/sys v0.39.0
+	gonum.org/v1/gonum v0.16.0
 	gonum.org/v1/plot v0.15.2
 )
 

@@ -1,0 +1,48 @@
+//go:build !blas
+
+package blas
+
+import (
+	"runtime"
+
+	gonumblas "gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// Built reports whether OpenBLAS is linked in (the `blas` build tag). Without it, the kernel is gonum's
+// pure-Go gemm, still several times faster than simplego's own DotGeneral.
+const Built = false
+
+func kernelDescription() string { return "pure Go (gonum)" }
+
+// setKernelThreads is a no-op: gonum's gemm parallelizes over GOMAXPROCS and has no thread setting.
+func setKernelThreads(int) {}
+
+func kernelThreads() int { return runtime.GOMAXPROCS(0) }
+
+func transposeFlag(trans bool) gonumblas.Transpose {
+	if trans {
+		return gonumblas.Trans
+	}
+	return gonumblas.NoTrans
+}
+
+// sgemmBatched computes the float32 gemms g describes, one gonum Sgemm per batch item.
+func sgemmBatched(g gemmShape, a, b, c []float32) {
+	strideA, strideB, strideC := g.m*g.k, g.k*g.n, g.m*g.n
+	for i := range g.batch {
+		gonum.Implementation{}.Sgemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
+			1, a[i*strideA:(i+1)*strideA], g.lda(), b[i*strideB:(i+1)*strideB], g.ldb(),
+			0, c[i*strideC:(i+1)*strideC], g.ldc())
+	}
+}
+
+// dgemmBatched computes the float64 gemms g describes, one gonum Dgemm per batch item.
+func dgemmBatched(g gemmShape, a, b, c []float64) {
+	strideA, strideB, strideC := g.m*g.k, g.k*g.n, g.m*g.n
+	for i := range g.batch {
+		gonum.Implementation{}.Dgemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
+			1, a[i*strideA:(i+1)*strideA], g.lda(), b[i*strideB:(i+1)*strideB], g.ldb(),
+			0, c[i*strideC:(i+1)*strideC], g.ldc())
+	}
+}
