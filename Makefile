@@ -1,50 +1,59 @@
 # goaccel: `make demo` trains the example on one CPU, `make test` runs every test (real MPI included).
-# Both install what they need first (OpenMPI, the Fashion-MNIST Debian package).
+# Both install what they need first (OpenMPI, OpenBLAS, the Fashion-MNIST Debian package).
 
 GO ?= go
 # The pure-Go GoMLX backend is the default; never let GoMLX download plugins during a build or test.
 export GOMLX_NO_AUTO_INSTALL := 1
+# `blas` routes the pure-Go backend's matrix multiplications to OpenBLAS; `mpi` links the MPI engine.
+TAGS ?= blas
+MPI_TAGS ?= mpi,$(TAGS)
 DEMO_ARGS ?=
 
-.PHONY: all demo demo-mpi test vet build bench deps deps-openmpi deps-dataset clean
+.PHONY: all demo demo-mpi test vet build bench deps deps-openmpi deps-dataset deps-openblas deps-torch clean
 
 all: build
 
-deps: deps-openmpi deps-dataset
+deps: deps-openmpi deps-dataset deps-openblas
 deps-openmpi:
 	@bash scripts/install-deps.sh openmpi
 deps-dataset:
 	@bash scripts/install-deps.sh dataset
+deps-openblas:
+	@bash scripts/install-deps.sh openblas
+deps-torch:
+	@bash scripts/install-deps.sh torch
 
-build: deps-openmpi
+# Both binaries link MPI, so `bin/accel env` reports the MPI library the jobs will use.
+build: deps-openmpi deps-openblas
 	mkdir -p bin
-	$(GO) build -o bin/accel ./cmd/accel
-	$(GO) build -tags mpi -o bin/grad_accum ./examples/grad_accum
+	$(GO) build -tags $(MPI_TAGS) -o bin/accel ./cmd/accel
+	$(GO) build -tags $(MPI_TAGS) -o bin/grad_accum ./examples/grad_accum
 
-# The demo on one CPU.
-demo: deps-dataset
-	$(GO) run ./examples/grad_accum $(DEMO_ARGS)
+# The demo on one CPU: the MLP by default, DEMO_ARGS="-model cnn" for the CNN.
+demo: deps-dataset deps-openblas
+	$(GO) run -tags $(TAGS) ./examples/grad_accum $(DEMO_ARGS)
 
 # The same demo on 2 processes (same global batch: half the per-rank batch).
 demo-mpi: build deps-dataset
 	bin/accel launch -n 2 -- bin/grad_accum -batch 32 $(DEMO_ARGS)
 
-vet: deps-openmpi
+vet: deps-openmpi deps-openblas
 	test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
 	$(GO) vet ./...
-	$(GO) vet -tags mpi ./...
+	$(GO) vet -tags $(MPI_TAGS) ./...
 
-# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries).
+# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries), with
+# the BLAS path; then the compute packages again without it, so the pure-Go path stays tested too.
 test: deps vet
-	$(GO) test -count=1 -timeout 45m ./...
+	$(GO) test -count=1 -timeout 45m -tags $(TAGS) ./...
+	$(GO) test -count=1 -timeout 10m ./backends/compute/...
 
-# Measures goaccel against plain MPI_Allreduce and GoMLX's trainer, side by side, and writes
-# docs/benchmarks.md (a few minutes on 2 cores). Raw samples in benchstat format: bin/bench.txt; results:
+# Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch DDP, side by side, and writes
+# docs/benchmarks.md (several minutes on 2 cores). Raw samples in benchstat format: bin/bench.txt; results:
 # bin/bench.json (`bin/accelbench -render bin/bench.json` re-renders the page). A redirect, not a pipe, so
 # make fails when the bench does.
-bench: deps-openmpi
-	mkdir -p bin
-	$(GO) build -tags mpi -o bin/accelbench ./bench/cmd/accelbench
+bench: build deps-dataset deps-torch
+	$(GO) build -tags $(MPI_TAGS) -o bin/accelbench ./bench/cmd/accelbench
 	bin/accelbench -out docs/benchmarks.md -json bin/bench.json > bin/bench.txt
 
 clean:

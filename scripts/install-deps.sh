@@ -2,11 +2,13 @@
 # Installs what goaccel's tests and demo need on a Debian/Ubuntu machine, skipping what is already there:
 #   openmpi  - OpenMPI (mpirun and the headers the mpi build tag compiles against) and pkg-config
 #   dataset  - Fashion-MNIST in /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)
-# Usage: scripts/install-deps.sh [openmpi] [dataset]   (no argument: both)
+#   openblas - OpenBLAS headers and library for the `blas` build tag (the fast CPU matmul path)
+#   torch    - PyTorch (Debian python3-torch), the peer `make bench` measures goaccel against
+# Usage: scripts/install-deps.sh [openmpi] [dataset] [openblas] [torch]   (no argument: the first three)
 set -euo pipefail
 
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(openmpi dataset)
+[ ${#want[@]} -eq 0 ] && want=(openmpi dataset openblas)
 
 packages=()
 for w in "${want[@]}"; do
@@ -18,8 +20,14 @@ for w in "${want[@]}"; do
 	dataset)
 		[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || packages+=(dataset-fashion-mnist)
 		;;
+	openblas)
+		pkg-config --exists openblas 2>/dev/null || packages+=(libopenblas-dev pkg-config)
+		;;
+	torch)
+		/usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || packages+=(python3-torch)
+		;;
 	*)
-		echo "install-deps: unknown component '$w' (want openmpi or dataset)" >&2
+		echo "install-deps: unknown component '$w' (want openmpi, dataset, openblas or torch)" >&2
 		exit 2
 		;;
 	esac

@@ -23,8 +23,12 @@ type Config struct {
 	// AllowDownloads lets GoMLX download PJRT plugins at run time. Off by default: a training job should not
 	// depend on the network, and without one the download makes backend creation fail or panic.
 	AllowDownloads bool
-	// LocalRank and LocalSize place the process on the GPU of its local rank when several ranks share a node.
+	// LocalRank and LocalSize place the process on the GPU of its local rank when several ranks share a node,
+	// and give it its share of the node's cores for BLAS threads.
 	LocalRank, LocalSize int
+	// Threads overrides the BLAS thread count of this process (default: cores / LocalSize, or
+	// GOACCEL_BLAS_THREADS).
+	Threads int
 }
 
 // PureGo is the GoMLX configuration of the pure-Go backend: no cgo, no plugin, no network.
@@ -61,21 +65,28 @@ var (
 	backendByConfig = map[string]backends.Backend{}
 )
 
-// NewCompute returns the GoMLX compute backend for this process, creating it on first use. A backend that
-// cannot start returns an error naming it and what is missing; GoMLX's own panics are recovered.
+// New returns the GoMLX compute backend for this process, creating it on first use, and sets up goaccel's
+// compute paths (see Kernels): gemm-shaped gradients, and for the pure-Go backend the BLAS matmul with
+// this rank's share of the node's cores. A backend that cannot start returns an error naming it and what
+// is missing; GoMLX's own panics are recovered.
 func New(cfg Config) (backends.Backend, error) {
 	configureDownloads(cfg.AllowDownloads)
 	config, reason := Resolve(cfg)
 	backendMu.Lock()
 	defer backendMu.Unlock()
-	if backend, ok := backendByConfig[config]; ok {
-		return backend, nil
-	}
-	backend, err := newBackend(cfg, config, reason)
-	if err == nil {
+	backend, ok := backendByConfig[config]
+	if !ok {
+		var err error
+		if backend, err = newBackend(cfg, config, reason); err != nil {
+			return nil, err
+		}
 		backendByConfig[config] = backend
 	}
-	return backend, err
+	name, _, _ := strings.Cut(config, ":")
+	if err := setUpKernels(cfg, name); err != nil {
+		return nil, err
+	}
+	return backend, nil
 }
 
 func newBackend(cfg Config, config, reason string) (backend backends.Backend, err error) {

@@ -101,6 +101,7 @@ func environmentReport(startAnyBackend bool) []entry {
 	config, reason := compute.Resolve(compute.Config{})
 	entries = append(entries, entry{"Compute backend", fmt.Sprintf("%s (%s)", config, reason)})
 	entries = append(entries, entry{"Compute devices", describeDevices(config, startAnyBackend, topo)})
+	entries = append(entries, describeKernels(config, topo)...)
 
 	entries = append(entries, entry{"Environment", environment})
 	return entries
@@ -168,19 +169,39 @@ func describeDevices(config string, startAnyBackend bool, topo backends.Topology
 	return fmt.Sprintf("%d: %s [%s]", backend.NumDevices(), backend.Description(), strings.Join(devices, "; "))
 }
 
+// describeKernels says how the pure-Go backend will compute in a rank on this node: gradients, the
+// matmul path and its thread budget. It sets the kernels up the way the Accelerator does (cheap, local).
+func describeKernels(config string, topo backends.Topology) []entry {
+	name, _, _ := strings.Cut(config, ":")
+	if name != compute.PureGo {
+		return []entry{{"Matmul", "the " + config + " backend's own"}}
+	}
+	if _, err := compute.New(compute.Config{Backend: config, LocalRank: topo.LocalRank,
+		LocalSize: topo.LocalSize}); err != nil {
+		return []entry{{"Matmul", "error: " + err.Error()}}
+	}
+	k := compute.CurrentKernels()
+	threads := "(pure-Go kernel: GOMAXPROCS)"
+	if k.Threads > 0 {
+		threads = fmt.Sprintf("%d per process × %d process(es) on this node", k.Threads, max(1, topo.LocalSize))
+	}
+	return []entry{{"Gradients", k.Gradients}, {"Matmul", k.Matmul}, {"Matmul threads", threads}}
+}
+
 // relevantEnvironment lists the variables that change what goaccel, GoMLX or Open MPI do.
 func relevantEnvironment() string {
 	var set []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		if slices.Contains([]string{"GOMLX_BACKEND", "GOMLX_NO_AUTO_INSTALL", "PJRT_PLUGIN_LIBRARY_PATH",
-			"CUDA_VISIBLE_DEVICES", backends.TimeoutEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
+			"CUDA_VISIBLE_DEVICES", "OPENBLAS_NUM_THREADS", backends.TimeoutEnvVar, compute.GradientsEnvVar,
+			compute.MatmulEnvVar, compute.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
 			set = append(set, kv)
 		}
 	}
 	if len(set) == 0 {
-		return "(none of GOMLX_*, PJRT_PLUGIN_LIBRARY_PATH, CUDA_VISIBLE_DEVICES, " + backends.TimeoutEnvVar +
-			", OMPI_MCA_* set)"
+		return "(none of GOMLX_*, GOACCEL_*, PJRT_PLUGIN_LIBRARY_PATH, CUDA_VISIBLE_DEVICES, OPENBLAS_NUM_THREADS, " +
+			"OMPI_MCA_* set)"
 	}
 	slices.Sort(set)
 	return strings.Join(set, " ")

@@ -1,0 +1,104 @@
+package compute
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/goaccel/goaccel/backends/compute/blas"
+	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/gemmgrad"
+)
+
+// Environment variables that choose how the pure-Go backend computes. Both exist for comparisons (the
+// benchmarks measure GoMLX as shipped against goaccel's paths in one run) and for ruling goaccel's kernels
+// out when chasing a numerical difference; the defaults are the fast paths.
+const (
+	// GradientsEnvVar: "gemm" (default) builds Dot/DotGeneral gradients as matrix multiplications and gives
+	// convolutions and pooling gradients the pure-Go backend can run; "gomlx" keeps GoMLX's own.
+	GradientsEnvVar = "GOACCEL_GRADIENTS"
+	// MatmulEnvVar: "blas" (default when built with the blas tag) runs the pure-Go backend's matrix
+	// multiplications on OpenBLAS; "go" keeps the backend's own kernel.
+	MatmulEnvVar = "GOACCEL_MATMUL"
+	// ThreadsEnvVar sets the BLAS threads of this process; by default the node's cores divided by the
+	// processes on it, so that ranks sharing a node do not oversubscribe its cores.
+	ThreadsEnvVar = "GOACCEL_BLAS_THREADS"
+)
+
+// Kernels says how this process computes: which gradients, which matrix multiplication, how many threads.
+type Kernels struct {
+	// Gradients is "gemm" or "gomlx" (see GradientsEnvVar).
+	Gradients string
+	// Matmul describes the pure-Go backend's matrix multiplication, e.g. "OpenBLAS 0.3.21, 2 threads".
+	Matmul string
+	// Threads is the number of BLAS threads this process uses (0 when BLAS is not in use).
+	Threads int
+}
+
+// CurrentKernels reports the kernels in use in this process.
+func CurrentKernels() Kernels {
+	k := Kernels{Gradients: "gomlx", Matmul: "pure Go (GoMLX's simplego kernel)"}
+	if gemmgrad.Registered() {
+		k.Gradients = "gemm"
+	}
+	if blas.Installed() {
+		k.Matmul, k.Threads = blas.Path(), blas.Threads()
+	}
+	return k
+}
+
+// setUpKernels applies goaccel's compute paths for a backend it just created. Gradient rules are graph-level
+// and help every backend (XLA fuses either form), so they are registered whatever the backend; the matmul
+// kernel replaces the pure-Go backend's own and only matters there.
+func setUpKernels(cfg Config, backendName string) error {
+	switch g := os.Getenv(GradientsEnvVar); g {
+	case "", "gemm":
+		gemmgrad.Register()
+		convgrad.Register()
+	case "gomlx":
+		gemmgrad.Unregister()
+		convgrad.Unregister()
+	default:
+		return fmt.Errorf("compute: %s=%q: want gemm or gomlx", GradientsEnvVar, g)
+	}
+	if backendName != PureGo {
+		return nil
+	}
+	switch m := os.Getenv(MatmulEnvVar); m {
+	case "", "blas":
+		if !blas.Built && m == "blas" {
+			return fmt.Errorf("compute: %s=blas but this binary was built without BLAS: rebuild with "+
+				"`-tags blas` (needs libopenblas-dev)", MatmulEnvVar)
+		}
+		threads, err := blasThreads(cfg)
+		if err != nil {
+			return err
+		}
+		if err := blas.Install(threads); err != nil {
+			return fmt.Errorf("compute: %w", err)
+		}
+	case "go":
+		blas.Uninstall()
+	default:
+		return fmt.Errorf("compute: %s=%q: want blas or go", MatmulEnvVar, m)
+	}
+	return nil
+}
+
+// blasThreads is the thread budget of one rank: its share of the node's cores, so that threads × ranks on
+// the node never exceed the cores (OpenBLAS spins its threads, and oversubscribed spinning collapses).
+func blasThreads(cfg Config) (int, error) {
+	if cfg.Threads > 0 {
+		return cfg.Threads, nil
+	}
+	if env := os.Getenv(ThreadsEnvVar); env != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(env))
+		if err != nil || n < 1 {
+			return 0, fmt.Errorf("compute: %s=%q: want a positive number of threads", ThreadsEnvVar, env)
+		}
+		return n, nil
+	}
+	return max(1, runtime.NumCPU()/max(1, cfg.LocalSize)), nil
+}
