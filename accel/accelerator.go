@@ -34,6 +34,8 @@ type Accelerator struct {
 	optimizers []*prepare.Optimizer
 	loaders    []*prepare.DataLoader
 	closed     bool
+	// settingsAgreed: the ranks compared their settings (on the first Backward) and found them equal.
+	settingsAgreed bool
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
@@ -55,13 +57,18 @@ func New(opts ...Option) (*Accelerator, error) {
 	a.compute, err = compute.New(compute.Config{Backend: cfg.backend, AllowDownloads: cfg.allowDownloads,
 		LocalRank: a.topo.LocalRank, LocalSize: a.topo.LocalSize})
 	if err != nil {
-		a.closeComm()
-		return nil, fmt.Errorf("accel: %w", err)
+		err = fmt.Errorf("accel: %w", err)
+		a.closeComm(err)
+		return nil, err
 	}
 	a.state, err = accumulate.NewGradientState(cfg.accumulationSteps, cfg.syncEachBatch)
 	if err != nil {
-		a.closeComm()
-		return nil, fmt.Errorf("accel: %w", err)
+		err = fmt.Errorf("accel: %w", err)
+		a.closeComm(err)
+		return nil, err
+	}
+	if cfg.debug {
+		a.comm.SetCallChecks(true)
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
@@ -118,13 +125,28 @@ func (a *Accelerator) describe() string {
 	return fmt.Sprintf("optimizer step %d", steps+1)
 }
 
-func (a *Accelerator) closeComm() {
-	if a.ownComm {
-		_ = a.comm.Close()
+// closeComm releases the communicator New opened when New fails. With several processes it only tells the
+// others that this rank failed (they stop waiting for it, naming it): closing would end the job from inside
+// New, before the caller could print the error. The job ends when this process exits, or when the others
+// close on the failure.
+func (a *Accelerator) closeComm(cause error) {
+	if !a.ownComm {
+		return
 	}
+	if a.comm.Size() > 1 {
+		a.comm.Fail(cause)
+		return
+	}
+	_ = a.comm.Close()
 }
 
 // Close releases the collective engine (for MPI: finalises it). Call it once, at the end of the program.
+//
+// With several processes, closing is collective: Close returns once every rank closed. A rank still
+// waiting for this one in a collective (because this rank stopped early) learns that it closed and fails
+// with a *backends.PeerError instead of hanging; this rank's Close then aborts the job. When this rank
+// stops because of an error, prefer CloseWithError, which tells the other ranks what the error was.
+// After a failed collective Close aborts the job (see backends.Communicator.Close).
 func (a *Accelerator) Close() error {
 	if a.closed {
 		return nil
@@ -134,6 +156,25 @@ func (a *Accelerator) Close() error {
 		return a.comm.Close()
 	}
 	return nil
+}
+
+// CloseWithError is Close for a rank that stops because of err. With several processes it tells the other
+// ranks that this rank failed and why: those waiting for it in a collective return a *backends.PeerError
+// naming this rank and carrying err's text. It then ends the whole job with a non-zero exit code, once the
+// others had a moment to report (backends.FailureGrace), so it does not return under MPI: print err first.
+// On one process, or with a nil err, it is Close.
+//
+//	defer func() {
+//		if err != nil {
+//			fmt.Fprintf(os.Stderr, "rank %d: %v\n", acc.Rank(), err)
+//		}
+//		_ = acc.CloseWithError(err)
+//	}()
+func (a *Accelerator) CloseWithError(err error) error {
+	if err != nil && !a.closed && a.topo.WorldSize > 1 {
+		a.comm.Fail(err)
+	}
+	return a.Close()
 }
 
 // Rank is this process's rank in the job.

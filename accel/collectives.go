@@ -1,6 +1,7 @@
 package accel
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gomlx/gomlx/pkg/core/shapes"
@@ -10,12 +11,17 @@ import (
 	"github.com/goaccel/goaccel/prepare"
 )
 
-// WaitForEveryone blocks until every rank reached it.
+// WaitForEveryone blocks until every rank reached it. It checks that every rank is in WaitForEveryone (and
+// not in another collective) like the other collectives of this file.
 func (a *Accelerator) WaitForEveryone() error {
 	if err := a.checkOpen(); err != nil {
 		return err
 	}
-	return a.comm.Barrier()
+	// Agreeing on the call is itself a barrier: no rank gets every rank's description before all sent one.
+	if err := a.agreeOnCall("WaitForEveryone", nil); err != nil {
+		return fmt.Errorf("accel: wait for everyone: %w", err)
+	}
+	return nil
 }
 
 // MainProcessFirst runs fn on the main process first and on the others once it finished: for work that
@@ -25,33 +31,70 @@ func (a *Accelerator) MainProcessFirst(fn func() error) error {
 	if err := a.checkOpen(); err != nil {
 		return err
 	}
+	if fn == nil {
+		return errors.New("accel: main process first: nil function")
+	}
+	barrier := func() error {
+		if err := a.agreeOnCall("MainProcessFirst", nil); err != nil {
+			return fmt.Errorf("accel: main process first: %w", err)
+		}
+		return nil
+	}
 	if !a.IsMainProcess() {
-		if err := a.comm.Barrier(); err != nil {
+		if err := barrier(); err != nil {
 			return err
 		}
 	}
 	fnErr := fn()
 	if a.IsMainProcess() {
-		if err := a.comm.Barrier(); err != nil {
+		if err := barrier(); err != nil {
 			return err
 		}
 	}
 	return fnErr
 }
 
+// agreeOnCall verifies that every rank is making the same user-facing collective call with a tensor of
+// the same dtype and shape. Two ranks in different collectives would otherwise match each other's
+// messages: a Broadcast against a Gather "succeeds" with garbage, a Reduce against a Broadcast returns
+// wrong sums, other pairs end in MPI_ERR_TRUNCATE. It costs one all-gather of a hash per call. A mismatch is
+// the same error on every rank, naming what each rank called.
+func (a *Accelerator) agreeOnCall(call string, t *tensors.Tensor) error {
+	if a.WorldSize() == 1 {
+		return nil
+	}
+	tensor := "none"
+	if t != nil {
+		tensor = t.Shape().String()
+	}
+	return replicas.CheckSameSettings(a.comm, []replicas.Setting{
+		{Name: "the collective called", Value: call},
+		{Name: "the tensor passed to " + call, Value: tensor},
+	})
+}
+
 // Gather concatenates every rank's t along the first axis, ordered by rank. All ranks must pass tensors
-// of the same shape (even batches guarantee it for batch outputs).
+// of the same shape (even batches guarantee it for batch outputs); every rank checks that all of them
+// called Gather with the same shape before any data moves.
 func (a *Accelerator) Gather(t *tensors.Tensor) (*tensors.Tensor, error) {
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
+	if err := a.agreeOnCall("Gather", t); err != nil {
+		return nil, fmt.Errorf("accel: gather: %w", err)
+	}
+	if t == nil {
+		return nil, errors.New("accel: gather: tensor is nil")
+	}
+	return a.gather(t)
+}
+
+// gather is Gather once the ranks agreed on the call.
+func (a *Accelerator) gather(t *tensors.Tensor) (*tensors.Tensor, error) {
 	s := t.Shape()
 	if s.Rank() == 0 {
 		t = reshape(t, 1)
 		s = t.Shape()
-	}
-	if err := replicas.CheckSameSignature(a.comm, "gathered tensor shapes", []string{s.String()}); err != nil {
-		return nil, fmt.Errorf("accel: gather: %w", err)
 	}
 	size := a.comm.Size()
 	dims := append([]int{s.Dimensions[0] * size}, s.Dimensions[1:]...)
@@ -76,12 +119,22 @@ func (a *Accelerator) Gather(t *tensors.Tensor) (*tensors.Tensor, error) {
 // examples) from every rank and drops the examples that even batching repeated, so that every example of
 // the dataset is counted exactly once.
 func (a *Accelerator) GatherForMetrics(t *tensors.Tensor, batch prepare.Batch) (*tensors.Tensor, error) {
+	if err := a.checkOpen(); err != nil {
+		return nil, err
+	}
+	// The batch size is part of the call: the checks below then fail alike on every rank.
+	if err := a.agreeOnCall(fmt.Sprintf("GatherForMetrics(batch of %d)", batch.Size()), t); err != nil {
+		return nil, fmt.Errorf("accel: gather for metrics: %w", err)
+	}
+	if t == nil {
+		return nil, errors.New("accel: gather for metrics: tensor is nil")
+	}
 	s := t.Shape()
 	if s.Rank() == 0 || s.Dimensions[0] != batch.Size() {
 		return nil, fmt.Errorf("accel: gather for metrics: tensor of shape %s does not have the batch's %d examples "+
 			"on its first axis", s, batch.Size())
 	}
-	all, err := a.Gather(t)
+	all, err := a.gather(t)
 	if err != nil {
 		return nil, err
 	}
@@ -118,14 +171,30 @@ const (
 	Mean
 )
 
+func (op ReduceOp) String() string {
+	switch op {
+	case Sum:
+		return "Sum"
+	case Mean:
+		return "Mean"
+	}
+	return fmt.Sprintf("ReduceOp(%d)", int(op))
+}
+
 // Reduce sums (or averages) t element-wise across ranks and returns the result; t is not modified.
 // float32, float64, int32 and int64 tensors are supported.
 func (a *Accelerator) Reduce(t *tensors.Tensor, op ReduceOp) (*tensors.Tensor, error) {
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := replicas.CheckSameSignature(a.comm, "reduced tensor shapes", []string{t.Shape().String()}); err != nil {
+	if err := a.agreeOnCall(fmt.Sprintf("Reduce(%s)", op), t); err != nil {
 		return nil, fmt.Errorf("accel: reduce: %w", err)
+	}
+	if t == nil {
+		return nil, errors.New("accel: reduce: tensor is nil")
+	}
+	if op != Sum && op != Mean {
+		return nil, fmt.Errorf("accel: reduce: unknown reduction %s: use Sum or Mean", op)
 	}
 	out, err := t.LocalClone()
 	if err != nil {
@@ -167,8 +236,14 @@ func (a *Accelerator) Broadcast(t *tensors.Tensor, root int) error {
 	if err := a.checkOpen(); err != nil {
 		return err
 	}
-	if err := replicas.CheckSameSignature(a.comm, "broadcast tensor shapes", []string{t.Shape().String()}); err != nil {
+	if err := a.agreeOnCall(fmt.Sprintf("Broadcast(root %d)", root), t); err != nil {
 		return fmt.Errorf("accel: broadcast: %w", err)
+	}
+	if t == nil {
+		return errors.New("accel: broadcast: tensor is nil")
+	}
+	if root < 0 || root >= a.WorldSize() {
+		return fmt.Errorf("accel: broadcast: root %d is not a rank of this job of %d", root, a.WorldSize())
 	}
 	if t.Shape().Size() == 0 {
 		return nil

@@ -45,7 +45,8 @@ func TestCollectiveHelpers(t *testing.T) {
 
 		// Shapes that differ across ranks are an error on every rank, not a hang or garbage.
 		_, err = acc.Gather(tensors.FromFlatDataAndDimensions(make([]float32, rank+1), rank+1))
-		assert.ErrorContains(t, err, "differ across ranks")
+		assert.ErrorContains(t, err, "the ranks disagree on the tensor passed to Gather: rank 0 has (Float32)[1]; "+
+			"rank 1 has (Float32)[2]; rank 2 has (Float32)[3]")
 
 		// MainProcessFirst: the main process finishes before any other starts.
 		require.NoError(t, acc.MainProcessFirst(func() error {

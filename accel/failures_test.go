@@ -8,6 +8,7 @@ import (
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/layers"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -105,6 +106,9 @@ func TestCollectiveWatchdog(t *testing.T) {
 			_, err = acc.PrepareOptimizer(model, testmodel.NewOptimizer(testmodel.SGD))
 			require.NoError(t, err)
 			require.NoError(t, model.Materialize(nanBatch(false)))
+			// A first Backward on both ranks (the ranks compare their settings there), without a sync.
+			_, err = backwardNoSync(acc, model, nanBatch(false))
+			require.NoError(t, err)
 			if r == 1 {
 				return // this rank is "stuck": it never joins the gradient sync
 			}
@@ -209,6 +213,49 @@ func TestMisuseReturnsErrors(t *testing.T) {
 			_, err = acc.Backward(m, good)
 			return err
 		}, "no trainable variables"},
+		{"model larger than the machine's memory", func(t *testing.T, acc *accel.Accelerator) error {
+			m, err := acc.PrepareModel(context.New(), func(ctx *context.Context, in []*Node) []*Node {
+				return []*Node{layers.Dense(ctx.In("huge"), in[0], true, 2_000_000_000)}
+			}, testmodel.Loss)
+			require.NoError(t, err)
+			_, err = acc.PrepareOptimizer(m, testmodel.NewOptimizer(testmodel.Adam))
+			require.NoError(t, err)
+			_, err = acc.Backward(m, good)
+			return err
+		}, "of memory available on this machine: make the model smaller"},
+		{"nil input tensor", func(t *testing.T, acc *accel.Accelerator) error {
+			m, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
+			require.NoError(t, err)
+			_, err = acc.Backward(m, prepare.Batch{Inputs: []*tensors.Tensor{nil}, Labels: []*tensors.Tensor{y}})
+			return err
+		}, "batch input #0 is nil"},
+		{"nil label tensor", func(t *testing.T, acc *accel.Accelerator) error {
+			m, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
+			require.NoError(t, err)
+			_, err = acc.Backward(m, prepare.Batch{Inputs: []*tensors.Tensor{x}, Labels: []*tensors.Tensor{nil}})
+			return err
+		}, "batch label #0 is nil"},
+		{"Gather of nil", func(t *testing.T, acc *accel.Accelerator) error {
+			_, err := acc.Gather(nil)
+			return err
+		}, "gather: tensor is nil"},
+		{"GatherForMetrics of nil", func(t *testing.T, acc *accel.Accelerator) error {
+			_, err := acc.GatherForMetrics(nil, good)
+			return err
+		}, "gather for metrics: tensor is nil"},
+		{"Reduce of nil", func(t *testing.T, acc *accel.Accelerator) error {
+			_, err := acc.Reduce(nil, accel.Sum)
+			return err
+		}, "reduce: tensor is nil"},
+		{"Broadcast of nil", func(t *testing.T, acc *accel.Accelerator) error {
+			return acc.Broadcast(nil, 0)
+		}, "broadcast: tensor is nil"},
+		{"Broadcast from a rank that does not exist", func(t *testing.T, acc *accel.Accelerator) error {
+			return acc.Broadcast(x, 3)
+		}, "root 3 is not a rank of this job of 1"},
+		{"nil MainProcessFirst body", func(t *testing.T, acc *accel.Accelerator) error {
+			return acc.MainProcessFirst(nil)
+		}, "main process first: nil function"},
 		{"optimizer without UpdateGraphWithGradients", func(t *testing.T, acc *accel.Accelerator) error {
 			m, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
 			require.NoError(t, err)

@@ -24,6 +24,7 @@ type config struct {
 	engine            string
 	comm              *backends.Communicator
 	checkReplicas     bool
+	debug             bool
 	timeout           time.Duration
 	checkpointLimit   int
 	out               io.Writer
@@ -94,6 +95,14 @@ func WithCommunicator(comm *backends.Communicator) Option { return func(c *confi
 // fails the step naming the first divergent variable. It costs an all-gather per step; for debugging.
 // GOACCEL_CHECK_REPLICAS=1 turns it on too.
 func WithReplicaCheck() Option { return func(c *config) { c.checkReplicas = true } }
+
+// WithDebug turns on the debug mode (like Accelerate's): before every collective — gradient syncs, the
+// checkpoint and replica collectives, not only the user-facing Gather, Reduce and Broadcast, which are
+// always checked — the ranks verify that all of them are calling the same operation with the same element
+// type, length and root, and fail on every rank with a *backends.MismatchError naming the calls and the
+// ranks otherwise. It costs a small all-gather per collective and serialises the gradient buckets'
+// transfers. GOACCEL_DEBUG=1 turns it on too (backends.CallChecksEnvVar); every rank must use the same mode.
+func WithDebug() Option { return func(c *config) { c.debug = true } }
 
 // WithCollectiveTimeout bounds every collective wait (default backends.DefaultTimeout): a rank that dies
 // or hangs makes the others fail with an error naming the operation and step instead of waiting forever.

@@ -12,7 +12,6 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
-	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -51,11 +50,17 @@ type savedOptimizer struct {
 	Model   int   `json:"model"`
 	Steps   int64 `json:"steps"`
 	Skipped int64 `json:"skipped"`
+	// Kind is the GoMLX optimizer's Go type (absent in older checkpoints).
+	Kind string `json:"kind,omitempty"`
 }
 
 type savedLoader struct {
 	Epoch    int `json:"epoch"`
 	Position int `json:"position"`
+	// BatchSize (per rank) and Batches (per rank and epoch; -1 for a stream) say what Position counts;
+	// absent in older checkpoints.
+	BatchSize int `json:"batch_size,omitempty"`
+	Batches   int `json:"batches,omitempty"`
 }
 
 // WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default: keep all).
@@ -126,10 +131,12 @@ func (a *Accelerator) currentState() (savedState, error) {
 				idx = i
 			}
 		}
-		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: o.Steps(), Skipped: o.SkippedSteps()})
+		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: o.Steps(), Skipped: o.SkippedSteps(),
+			Kind: resume.Optimizer.Kind(o)})
 	}
 	for _, l := range a.loaders {
-		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position()})
+		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position(), BatchSize: l.BatchSize(),
+			Batches: l.Len()})
 	}
 	return s, nil
 }
@@ -168,14 +175,6 @@ func saveVariables(ctx *context.Context, dir string, exclude []*context.Variable
 	return h.Save()
 }
 
-func loadVariables(ctx *context.Context, dir string) (err error) {
-	previous := ctx.Loader()
-	defer ctx.SetLoader(previous)
-	defer recoverInto(&err, "loading variables")
-	_, err = checkpoints.Load(ctx).Dir(dir).ExcludeAllParams().Immediate().Done()
-	return err
-}
-
 func recoverInto(err *error, what string) {
 	if r := recover(); r != nil {
 		*err = fmt.Errorf("accel: %s: %v", what, r)
@@ -207,172 +206,6 @@ func (a *Accelerator) gatherAccumulators(m *prepare.Model) ([]byte, error) {
 		}
 	}
 	return blob, nil
-}
-
-// LoadState restores the newest checkpoint under dir (or dir itself, if it is a checkpoint) saved by
-// SaveState with the same world size, accumulation steps and models. The next iteration of each data
-// loader resumes on the first batch the saved run had not consumed.
-//
-// Collective: the main process reads the checkpoint and broadcasts it, so the other processes need no
-// access to the files (nodes without a shared filesystem work). Models are built first if needed, from the
-// first batch of the first prepared data loader.
-func (a *Accelerator) LoadState(dir string) error {
-	if err := a.checkOpen(); err != nil {
-		return err
-	}
-	if err := a.materializeForLoad(); err != nil {
-		return err
-	}
-	var stateJSON []byte
-	var blobs [][]byte
-	var readErr error
-	if a.IsMainProcess() {
-		stateJSON, blobs, readErr = a.readCheckpoint(dir)
-	}
-	status, err := broadcastBytes(a.comm, []byte(errorText(readErr)))
-	if err != nil {
-		return fmt.Errorf("accel: loading state: %w", err)
-	}
-	if len(status) > 0 {
-		return fmt.Errorf("accel: loading state (main process): %s", status)
-	}
-	if stateJSON, err = broadcastBytes(a.comm, stateJSON); err != nil {
-		return fmt.Errorf("accel: loading state: %w", err)
-	}
-	var state savedState
-	if err := json.Unmarshal(stateJSON, &state); err != nil {
-		return fmt.Errorf("accel: loading state: %w", err)
-	}
-	for i, m := range a.models {
-		if err := replicas.BroadcastVariables(a.comm, m.ReplicatedVariables(), 0); err != nil {
-			return fmt.Errorf("accel: loading state: %w", err)
-		}
-		var blob []byte
-		if a.IsMainProcess() {
-			blob = blobs[i]
-		}
-		if blob, err = broadcastBytes(a.comm, blob); err != nil {
-			return fmt.Errorf("accel: loading state: %w", err)
-		}
-		if err := a.restoreAccumulators(m, blob); err != nil {
-			return err
-		}
-		resume.Model.RestoreAccumulation(m, state.Models[i].Accumulating)
-	}
-	for i, o := range a.optimizers {
-		resume.Optimizer.Restore(o, state.Optimizers[i].Steps, state.Optimizers[i].Skipped)
-	}
-	for i, l := range a.loaders {
-		if err := resume.Loader.Restore(l, state.Loaders[i].Epoch, state.Loaders[i].Position); err != nil {
-			return fmt.Errorf("accel: loading state: %w", err)
-		}
-	}
-	return a.state.Restore(state.Gradient)
-}
-
-func (a *Accelerator) materializeForLoad() error {
-	for i, m := range a.models {
-		if m.Materialized() {
-			continue
-		}
-		if len(a.loaders) == 0 || !resume.Loader.Peekable(a.loaders[0]) {
-			return fmt.Errorf("accel: loading state: model %d has no weights yet and no data loader to build it "+
-				"from: call model.Materialize with a batch first", i)
-		}
-		batch, err := a.loaders[0].PeekBatch()
-		if err != nil {
-			return fmt.Errorf("accel: loading state: %w", err)
-		}
-		if err := m.Materialize(batch); err != nil {
-			return fmt.Errorf("accel: loading state: %w", err)
-		}
-	}
-	return nil
-}
-
-// readCheckpoint verifies and reads a checkpoint on the main process, checks that it fits this run, and
-// loads its variables into the models' contexts.
-func (a *Accelerator) readCheckpoint(dir string) (stateJSON []byte, blobs [][]byte, err error) {
-	path, err := checkpoint.Latest(dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	if _, err := checkpoint.Verify(path); err != nil {
-		return nil, nil, err
-	}
-	stateJSON, err = os.ReadFile(filepath.Join(path, stateFile))
-	if err != nil {
-		return nil, nil, err
-	}
-	var state savedState
-	if err := json.Unmarshal(stateJSON, &state); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", stateFile, err)
-	}
-	if err := a.compatible(state); err != nil {
-		return nil, nil, fmt.Errorf("checkpoint %s: %w", path, err)
-	}
-	for i, m := range a.models {
-		modelDir := filepath.Join(path, state.Models[i].Dir)
-		if err := loadVariables(m.Context(), modelDir); err != nil {
-			return nil, nil, err
-		}
-		blob, err := os.ReadFile(filepath.Join(modelDir, accumulatorsFile))
-		if err != nil {
-			return nil, nil, err
-		}
-		blobs = append(blobs, blob)
-	}
-	return stateJSON, blobs, nil
-}
-
-// compatible checks that a saved state can resume this run exactly.
-func (a *Accelerator) compatible(s savedState) error {
-	switch {
-	case s.Format != stateFormat:
-		return fmt.Errorf("state format %d, this version reads %d", s.Format, stateFormat)
-	case s.WorldSize != a.WorldSize():
-		return fmt.Errorf("saved by %d processes, this run has %d: the data position and the per-rank partial "+
-			"gradients cannot be mapped exactly; resume with %d processes", s.WorldSize, a.WorldSize(), s.WorldSize)
-	case s.AccumulationSteps != a.state.Steps():
-		return fmt.Errorf("saved with %d accumulation steps, this run uses %d", s.AccumulationSteps, a.state.Steps())
-	case len(s.Models) != len(a.models):
-		return fmt.Errorf("saved %d model(s), this run prepared %d", len(s.Models), len(a.models))
-	}
-	for i, m := range a.models {
-		if saved, current, differ := replicas.FirstDifference(s.Models[i].Plan, m.Plan().Signature()); differ {
-			return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i, saved, current)
-		}
-	}
-	if len(s.Optimizers) != len(a.optimizers) || len(s.Loaders) != len(a.loaders) {
-		return fmt.Errorf("saved %d optimizer(s) and %d loader(s); this run prepared %d and %d",
-			len(s.Optimizers), len(s.Loaders), len(a.optimizers), len(a.loaders))
-	}
-	return nil
-}
-
-// restoreAccumulators sets this rank's part of a gathered accumulator blob.
-func (a *Accelerator) restoreAccumulators(m *prepare.Model, blob []byte) error {
-	size, rank := a.comm.Size(), a.comm.Rank()
-	offset := 0
-	for _, v := range resume.Model.Accumulators(m) {
-		value, err := v.Value()
-		if err != nil {
-			return err
-		}
-		n := int(value.Shape().Memory())
-		if offset+n*size > len(blob) {
-			return fmt.Errorf("accel: loading state: accumulators file is %d bytes, too short for the model", len(blob))
-		}
-		mine := blob[offset+rank*n : offset+(rank+1)*n]
-		if err := value.MutableBytes(func(data []byte) { copy(data, mine) }); err != nil {
-			return err
-		}
-		offset += n * size
-	}
-	if offset != len(blob) {
-		return fmt.Errorf("accel: loading state: accumulators file is %d bytes, the model needs %d", len(blob), offset)
-	}
-	return nil
 }
 
 // broadcastBytes sends root's (rank 0's) data of any length to every rank.

@@ -90,11 +90,32 @@ func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts .
 	if err := a.checkModel(model); err != nil {
 		return 0, err
 	}
+	if err := checkBatch(batch); err != nil {
+		return 0, err
+	}
+	if err := a.agreeOnSettings(); err != nil {
+		return 0, err
+	}
 	cfg := backwardConfig{lossScale: 1}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
 	return model.Backward(batch, a.state.MicroBatchScale()*cfg.lossScale)
+}
+
+// checkBatch refuses nil tensors in a batch, which the model would otherwise dereference.
+func checkBatch(batch prepare.Batch) error {
+	for i, t := range batch.Inputs {
+		if t == nil {
+			return fmt.Errorf("accel: backward: batch input #%d is nil", i)
+		}
+	}
+	for i, t := range batch.Labels {
+		if t == nil {
+			return fmt.Errorf("accel: backward: batch label #%d is nil", i)
+		}
+	}
+	return nil
 }
 
 func (a *Accelerator) checkModel(model *prepare.Model) error {

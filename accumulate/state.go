@@ -151,9 +151,18 @@ func (s *GradientState) Position() Position {
 
 // Restore sets the resumable part of the state.
 func (s *GradientState) Restore(p Position) error {
+	if err := s.CheckPosition(p); err != nil {
+		return err
+	}
+	s.stepInCycle, s.scaledMicroBatches, s.unscaledMicroBatches = p.StepInCycle, p.ScaledMicroBatches, p.UnscaledMicroBatches
+	return nil
+}
+
+// CheckPosition returns the error Restore would return for p, without changing anything: a checkpoint is
+// validated completely before any of it is applied.
+func (s *GradientState) CheckPosition(p Position) error {
 	if p.StepInCycle < 0 || p.StepInCycle >= s.steps || p.ScaledMicroBatches < 0 || p.UnscaledMicroBatches < 0 {
 		return fmt.Errorf("accumulate: cannot restore position %+v with K=%d", p, s.steps)
 	}
-	s.stepInCycle, s.scaledMicroBatches, s.unscaledMicroBatches = p.StepInCycle, p.ScaledMicroBatches, p.UnscaledMicroBatches
 	return nil
 }

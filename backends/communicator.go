@@ -3,7 +3,9 @@ package backends
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -112,8 +114,13 @@ var ErrClosed = errors.New("backends: communicator is closed")
 // collective.
 const DefaultTimeout = 10 * time.Minute
 
-// TimeoutEnvVar overrides the collective timeout (a Go duration such as "30s").
+// TimeoutEnvVar overrides the collective timeout: a Go duration such as "30s", or a number of seconds. A
+// value that is neither is an error, never ignored.
 const TimeoutEnvVar = "GOACCEL_COLLECTIVE_TIMEOUT"
+
+// CallChecksEnvVar turns on the verification of every collective (see SetCallChecks) when set to 1 or
+// true: the debug mode.
+const CallChecksEnvVar = "GOACCEL_DEBUG"
 
 // Communicator runs collectives on an engine and counts them. It is safe for concurrent use; collectives
 // themselves must still be issued in the same order on every rank.
@@ -128,6 +135,24 @@ type Communicator struct {
 	timeout time.Duration
 	// describe says what the owner is doing, for error messages (for example the optimizer step).
 	describe func() string
+
+	// configErr is a setting from the environment that could not be read; collectives return it.
+	configErr error
+	// checkCalls: verify before every collective that all ranks call the same one (WithCallChecks).
+	checkCalls bool
+	// notices is the engine's side channel (nil if it has none); see Messenger.
+	notices Messenger
+	// announced: this rank told the others it closes or failed (it does so once).
+	announced bool
+	// left records, per rank, what that rank announced: it closed, or failed and why.
+	left map[int]departure
+}
+
+// departure is what a rank announced on its way out of the job.
+type departure struct {
+	failed  bool
+	message string
+	seen    time.Time // when this rank received the announcement
 }
 
 // CommunicatorOption configures a Communicator.
@@ -141,19 +166,60 @@ func WithTimeout(d time.Duration) CommunicatorOption {
 // NewCommunicator wraps an engine. engineName is what Name reports.
 func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
 	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout}
-	if s := os.Getenv(TimeoutEnvVar); s != "" {
-		if d, err := time.ParseDuration(s); err == nil && d > 0 {
-			c.timeout = d
-		}
+	if d, err := timeoutFromEnv(); err != nil {
+		// Never ignore the setting: every collective reports it (Open refuses to open at all).
+		c.configErr = err
+	} else if d > 0 {
+		c.timeout = d
+	}
+	if v := os.Getenv(CallChecksEnvVar); v == "1" || v == "true" {
+		c.checkCalls = true
 	}
 	for _, opt := range opts {
 		opt(c)
 	}
+	if m, ok := engine.(Messenger); ok && engine.Size() > 1 {
+		c.notices = m
+		c.left = map[int]departure{}
+	}
 	return c
+}
+
+// ParseTimeout reads a collective timeout as TimeoutEnvVar gives it: a Go duration ("90s", "10m") or a
+// plain number of seconds ("30", "2.5"). It must be positive.
+func ParseTimeout(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		secs, ferr := strconv.ParseFloat(s, 64)
+		if ferr != nil || math.IsNaN(secs) || math.IsInf(secs, 0) {
+			return 0, fmt.Errorf("%q is neither a duration (such as 30s or 10m) nor a number of seconds", s)
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("%q is not a positive duration", s)
+	}
+	return d, nil
+}
+
+// timeoutFromEnv returns TimeoutEnvVar's timeout, 0 when it is not set.
+func timeoutFromEnv() (time.Duration, error) {
+	s := os.Getenv(TimeoutEnvVar)
+	if s == "" {
+		return 0, nil
+	}
+	d, err := ParseTimeout(s)
+	if err != nil {
+		return 0, fmt.Errorf("backends: %s: %w", TimeoutEnvVar, err)
+	}
+	return d, nil
 }
 
 // Open opens the named registered engine for topo and wraps it.
 func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Communicator, error) {
+	if _, err := timeoutFromEnv(); err != nil {
+		return nil, err
+	}
 	engine, err := OpenEngine(engineName, topo)
 	if err != nil {
 		return nil, err
@@ -228,6 +294,9 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 	if c.closed {
 		return nil, ErrClosed
 	}
+	if c.configErr != nil {
+		return nil, c.configErr
+	}
 	if c.broken != nil {
 		return nil, fmt.Errorf("backends: communicator unusable after an earlier failure: %w", c.broken)
 	}
@@ -272,6 +341,17 @@ func (c *Communicator) wait(p *Pending) error {
 			return nil
 		}
 		now := time.Now()
+		if now.Sub(begin) >= busyPollFor {
+			// Past the busy phase the wait is long enough to be for a peer that may have left the job: a
+			// peer that failed or closed can never join this collective.
+			if err := c.checkPeers(p.op.String(), now); err != nil {
+				c.mu.Lock()
+				c.broken = err
+				c.stats.PerOp[p.op].Wait += time.Since(begin)
+				c.mu.Unlock()
+				return err
+			}
+		}
 		if now.After(deadline) {
 			c.mu.Lock()
 			terr := &TimeoutError{Op: p.op, Bytes: p.bytes, After: c.timeout, Rank: c.engine.Rank()}
@@ -298,6 +378,9 @@ func (c *Communicator) AllReduceSumAsync(buf any) (*Pending, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := c.checkCall(OpAllReduce, bi, -1); err != nil {
+		return nil, err
+	}
 	return c.start(OpAllReduce, bi.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(buf) })
 }
 
@@ -318,6 +401,9 @@ func (c *Communicator) Broadcast(buf any, root int) error {
 	}
 	if root < 0 || root >= c.Size() {
 		return fmt.Errorf("backends: broadcast root %d outside [0, %d)", root, c.Size())
+	}
+	if err := c.checkCall(OpBroadcast, bi, root); err != nil {
+		return err
 	}
 	p, err := c.start(OpBroadcast, bi.Bytes, func() (Request, error) { return c.engine.StartBroadcast(buf, root) })
 	if err != nil {
@@ -340,6 +426,9 @@ func (c *Communicator) AllGather(send, recv any) error {
 		return fmt.Errorf("backends: all-gather of %s[%d] needs a %s[%d] receive buffer, got %s[%d]",
 			si.Kind, si.Len, si.Kind, si.Len*c.Size(), ri.Kind, ri.Len)
 	}
+	if err := c.checkCall(OpAllGather, si, -1); err != nil {
+		return err
+	}
 	p, err := c.start(OpAllGather, si.Bytes, func() (Request, error) { return c.engine.StartAllGather(send, recv) })
 	if err != nil {
 		return err
@@ -349,6 +438,9 @@ func (c *Communicator) AllGather(send, recv any) error {
 
 // Barrier returns once every rank reached it.
 func (c *Communicator) Barrier() error {
+	if err := c.checkCall(OpBarrier, BufferInfo{}, -1); err != nil {
+		return err
+	}
 	p, err := c.start(OpBarrier, 0, c.engine.StartBarrier)
 	if err != nil {
 		return err
@@ -362,10 +454,16 @@ func (c *Communicator) Abort(code int) {
 	c.engine.Abort(code)
 }
 
-// Close releases the engine. After a failed collective the job's ranks are no longer in step, so a clean
-// shutdown (which is itself collective for MPI) could hang: Close aborts the job instead and returns an
-// error saying so. Engines whose Abort ends the process (MPI) never return here: report the collective's
-// error before closing.
+// Close releases the engine. Closing is collective for engines with a side channel (MPI, whose
+// MPI_Finalize waits for every rank): this rank announces that it closes and waits until every other rank
+// announced it closes too. A rank still waiting in a collective learns of the announcement and fails with a
+// *PeerError instead of waiting for a rank that will never join, so a rank that leaves early never hangs
+// the job.
+//
+// After a failed collective (a timeout, an error, a peer that left), or after Fail, the job's ranks are no
+// longer in step and a clean shutdown could hang: Close then tells the other ranks that this rank failed,
+// gives them a moment (FailureGrace) to receive it and report their own errors, and aborts the job. Engines
+// whose Abort ends the process (MPI) never return from Close then: report errors before closing.
 func (c *Communicator) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -375,9 +473,15 @@ func (c *Communicator) Close() error {
 	c.closed = true
 	broken := c.broken
 	c.mu.Unlock()
-	if broken != nil && c.Size() > 1 {
-		c.engine.Abort(1)
-		return errors.Join(fmt.Errorf("backends: rank %d aborted the job after a failed collective: %w", c.Rank(),
+	if c.Size() == 1 {
+		return c.engine.Close()
+	}
+	if broken == nil && c.notices != nil {
+		broken = c.closeTogether()
+	}
+	if broken != nil {
+		c.abortAfterGrace(broken)
+		return errors.Join(fmt.Errorf("backends: rank %d aborted the job after a failure: %w", c.Rank(),
 			broken), c.engine.Close())
 	}
 	return c.engine.Close()

@@ -192,19 +192,31 @@ func TestCollectivesAfterCloseFail(t *testing.T) {
 
 func TestTimeoutFromEnvironment(t *testing.T) {
 	tests := []struct {
-		env  string
-		want time.Duration
+		env     string
+		want    time.Duration
+		wantErr string
 	}{
-		{"", backends.DefaultTimeout},
-		{"45s", 45 * time.Second},
-		{"not a duration", backends.DefaultTimeout},
-		{"-3s", backends.DefaultTimeout},
+		{"", backends.DefaultTimeout, ""},
+		{"45s", 45 * time.Second, ""},
+		{"5", 5 * time.Second, ""},
+		{"2.5", 2500 * time.Millisecond, ""},
+		{"not a duration", 0, `"not a duration" is neither a duration (such as 30s or 10m) nor a number of seconds`},
+		{"-3s", 0, `"-3s" is not a positive duration`},
+		{"0", 0, `"0" is not a positive duration`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
 			t.Setenv(backends.TimeoutEnvVar, tt.env)
 			comms, err := backends.NewInProcessGroup(1)
 			require.NoError(t, err)
+			if tt.wantErr != "" {
+				// Never silently ignored: every collective and Open report it, naming the variable.
+				err := comms[0].Barrier()
+				require.ErrorContains(t, err, backends.TimeoutEnvVar+": "+tt.wantErr)
+				_, err = backends.Open("single", backends.Topology{WorldSize: 1, LocalSize: 1, Nodes: 1})
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
 			assert.Equal(t, tt.want, comms[0].Timeout())
 			// An explicit option wins over the environment.
 			comms, err = backends.NewInProcessGroup(1, backends.WithTimeout(time.Second))

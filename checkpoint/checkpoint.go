@@ -147,6 +147,35 @@ func Latest(root string) (string, error) {
 	return all[len(all)-1], nil
 }
 
+// LatestIntact returns the newest checkpoint that passes Verify: root itself if it is a checkpoint (with no
+// fallback: naming a checkpoint means that one), else the newest intact one under root. skipped explains,
+// newest first, why each newer checkpoint was passed over (incomplete, or a file damaged), so that the
+// caller can say that it fell back. Without an intact checkpoint it returns an error that includes why
+// each one was refused.
+func LatestIntact(root string) (path string, skipped []error, err error) {
+	if _, err := os.Stat(filepath.Join(root, ManifestFile)); err == nil {
+		if _, err := Verify(root); err != nil {
+			return "", nil, err
+		}
+		return root, nil, nil
+	}
+	all, err := List(root)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(all) == 0 {
+		return "", nil, fmt.Errorf("checkpoint: no checkpoint in %s", root)
+	}
+	for i := len(all) - 1; i >= 0; i-- {
+		if _, err := Verify(all[i]); err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		return all[i], skipped, nil
+	}
+	return "", skipped, fmt.Errorf("checkpoint: no intact checkpoint in %s: %w", root, errors.Join(skipped...))
+}
+
 // Verify checks that dir holds every file its manifest lists, with the recorded checksum.
 func Verify(dir string) (Manifest, error) {
 	var m Manifest

@@ -124,3 +124,64 @@ func Example() {
 	fmt.Println(len(all), filepath.Base(latest), string(data), err)
 	// Output: 2 checkpoint-00000003 third <nil>
 }
+
+// TestLatestIntactFallsBack: when the newest checkpoints are incomplete or damaged, LatestIntact returns
+// the newest intact one and says why each newer one was passed over; a checkpoint named directly is never
+// replaced by another.
+func TestLatestIntactFallsBack(t *testing.T) {
+	damage := map[string]func(t *testing.T, dir string){
+		"incomplete": func(t *testing.T, dir string) {
+			require.NoError(t, os.Remove(filepath.Join(dir, checkpoint.ManifestFile)))
+		},
+		"damaged": func(t *testing.T, dir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "sub", "data.txt"), []byte("other"), 0o644))
+		},
+	}
+	for _, tc := range []struct {
+		name    string
+		damaged []string // applied to the newest checkpoints, newest first
+		want    string   // the checkpoint returned, or "" for an error
+		reasons []string
+	}{
+		{"newest intact", nil, "checkpoint-00000003", nil},
+		{"newest incomplete", []string{"incomplete"}, "checkpoint-00000002", []string{"incomplete"}},
+		{"two damaged", []string{"damaged", "incomplete"}, "checkpoint-00000001", []string{"checksum mismatch", "incomplete"}},
+		{"none intact", []string{"damaged", "damaged", "incomplete"}, "", []string{"checksum mismatch", "checksum mismatch", "incomplete"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for i := range 3 {
+				_, err := checkpoint.Write(root, 0, writeText(fmt.Sprint("v", i)))
+				require.NoError(t, err)
+			}
+			all, err := checkpoint.List(root)
+			require.NoError(t, err)
+			for i, how := range tc.damaged {
+				damage[how](t, all[len(all)-1-i])
+			}
+			path, skipped, err := checkpoint.LatestIntact(root)
+			require.Len(t, skipped, len(tc.reasons))
+			for i, reason := range tc.reasons {
+				assert.ErrorContains(t, skipped[i], reason)
+			}
+			if tc.want == "" {
+				require.ErrorContains(t, err, "no intact checkpoint")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, filepath.Base(path))
+		})
+	}
+	t.Run("named checkpoint", func(t *testing.T) {
+		root := t.TempDir()
+		for i := range 2 {
+			_, err := checkpoint.Write(root, 0, writeText(fmt.Sprint("v", i)))
+			require.NoError(t, err)
+		}
+		all, err := checkpoint.List(root)
+		require.NoError(t, err)
+		damage["damaged"](t, all[1])
+		_, _, err = checkpoint.LatestIntact(all[1])
+		require.ErrorContains(t, err, "checksum mismatch")
+	})
+}

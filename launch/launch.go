@@ -306,7 +306,9 @@ func flavorOf(versionText string) Flavor {
 
 // Command returns the mpirun command for procs copies of program, ready to start. Its standard streams are
 // unset (exec's default: /dev/null) unless WithStdio is given. Cancelling ctx sends mpirun SIGTERM, which
-// it forwards to every process of the job, and SIGKILL ten seconds later if the job is still running.
+// it forwards to every process of the job, and SIGKILL ten seconds later if the job is still running. Unless
+// the job runs on other hosts (a hostfile, --host), a program that does not exist or
+// is not executable here is a *ProgramError.
 func Command(ctx context.Context, procs int, program string, args []string, opts ...Option) (*exec.Cmd, error) {
 	c := newConfig(opts)
 	argv, err := c.argv(procs, program, args)
@@ -315,6 +317,12 @@ func Command(ctx context.Context, procs int, program string, args []string, opts
 	}
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return nil, fmt.Errorf("launch: %q: %w", argv[0], ErrMPIRunNotFound)
+	}
+	// On this machine the program must exist and be executable; on a hostfile's hosts only they can say.
+	if c.hostfile == "" && !c.hasFlag("hostfile") && !c.hasFlag("machinefile") && !c.hasFlag("host") && !c.hasFlag("H") {
+		if err := CheckProgram(program); err != nil {
+			return nil, err
+		}
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = c.environ
@@ -328,14 +336,18 @@ func Command(ctx context.Context, procs int, program string, args []string, opts
 // Run runs procs copies of program under mpirun, connected to this process's standard streams (or those of
 // WithStdio), and returns mpirun's exit code: 0 when every process succeeded, otherwise (for Open MPI and
 // MPICH) the code of the first process that failed, or 128+N when mpirun was ended by signal N. SIGINT,
-// SIGTERM and SIGHUP received meanwhile are passed on to mpirun, which ends the job. The error is non-nil
-// only when the job could not be started.
+// SIGTERM and SIGHUP received meanwhile are passed on to mpirun, which ends the job; on Linux the job also
+// ends when the launcher is killed by SIGKILL, which it cannot pass on. The error is non-nil
+// only when the job could not be started; a *ProgramError carries the code a shell would return for the
+// program (127 not found, 126 not executable).
 func Run(ctx context.Context, procs int, program string, args []string, opts ...Option) (exitCode int, err error) {
 	opts = append([]Option{WithStdio(os.Stdin, os.Stdout, os.Stderr)}, opts...)
 	cmd, err := Command(ctx, procs, program, args, opts...)
 	if err != nil {
 		return 0, err
 	}
+	// A launcher killed by SIGKILL must not leave its job running (Linux: see guardScript).
+	cmd = guarded(ctx, cmd)
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(signals)

@@ -128,6 +128,9 @@ func (m *Model) Materialize(batch Batch) (err error) {
 	probeGraph(m.rt, "goaccel_model_probe", m.microStepArgs(batch, 1), func(g *Graph, params []*Node) {
 		m.microStepGraph(m.ctx, params)
 	})
+	if err := m.checkMemory(); err != nil {
+		return err
+	}
 	if err := m.ctx.InitializeVariables(m.rt.Backend, nil); err != nil {
 		return fmt.Errorf("prepare: initialising variables: %w", err)
 	}

@@ -156,3 +156,31 @@ func TestTensorSourceNoExamples(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "outside [0, 0)")
 }
+
+// TestSparseLabelsAreChecked: with SparseLabels, a label outside the classes is an error naming the
+// example and the value (a sparse cross-entropy would silently give it a loss of 0).
+func TestSparseLabelsAreChecked(t *testing.T) {
+	inputs := tensors.FromValue([][]float32{{1}, {2}, {3}})
+	for _, tc := range []struct {
+		name   string
+		labels *tensors.Tensor
+		want   string
+	}{
+		{"in range", tensors.FromValue([][]int32{{0}, {9}, {3}}), ""},
+		{"too large", tensors.FromValue([][]int32{{0}, {12}, {3}}), "labels #0 of example 1 is 12, not a class in [0, 10)"},
+		{"negative", tensors.FromValue([]int64{0, 1, -1}), "labels #0 of example 2 is -1, not a class in [0, 10)"},
+		{"uint8", tensors.FromValue([]uint8{10, 1, 2}), "labels #0 of example 0 is 10"},
+		{"float labels", tensors.FromValue([]float32{0, 1, 2}), "SparseLabels needs integer labels, labels #0 is Float32"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := prepare.TensorSource([]*tensors.Tensor{inputs}, []*tensors.Tensor{tc.labels}, prepare.SparseLabels(10))
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	_, err := prepare.TensorSource([]*tensors.Tensor{inputs}, []*tensors.Tensor{tensors.FromValue([]int32{0, 1, 99})})
+	require.NoError(t, err, "without SparseLabels labels are not interpreted")
+}

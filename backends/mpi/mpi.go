@@ -90,6 +90,31 @@ static int goaccel_test(MPI_Request *req, int *flag) {
 }
 
 static int goaccel_abort(int code) { return MPI_Abort(MPI_COMM_WORLD, code); }
+
+// Notices (see backends.Messenger) are point-to-point messages on a communicator of their own, so that
+// they never match anything of the collectives'.
+enum { goaccel_notice_tag = 7 };
+
+static int goaccel_notify(void *buf, int len, int peer, MPI_Comm comm, MPI_Request *req) {
+	return MPI_Isend(buf, len, MPI_BYTE, peer, goaccel_notice_tag, comm, req);
+}
+
+// goaccel_probe reports whether a notice is waiting, and if so from whom and how long it is.
+static int goaccel_probe(MPI_Comm comm, int *flag, int *source, int *count) {
+	MPI_Status st;
+	int rc = MPI_Iprobe(MPI_ANY_SOURCE, goaccel_notice_tag, comm, flag, &st);
+	if (rc != MPI_SUCCESS || !*flag) {
+		return rc;
+	}
+	*source = st.MPI_SOURCE;
+	return MPI_Get_count(&st, MPI_BYTE, count);
+}
+
+static int goaccel_recv_notice(void *buf, int count, int source, MPI_Comm comm) {
+	return MPI_Recv(goaccel_buf(buf), count, MPI_BYTE, source, goaccel_notice_tag, comm, MPI_STATUS_IGNORE);
+}
+
+static int goaccel_wait(MPI_Request *req) { return MPI_Wait(req, MPI_STATUS_IGNORE); }
 */
 import "C"
 
@@ -235,8 +260,16 @@ func release() error {
 
 type engine struct {
 	comm       C.MPI_Comm // our duplicate of MPI_COMM_WORLD
+	notices    C.MPI_Comm // another duplicate, for notices
 	rank, size int
 	closed     bool
+	// sends are the notices sent and their buffers (C memory, which MPI reads until the send completes).
+	sends []noticeSend
+}
+
+type noticeSend struct {
+	handle *C.MPI_Request
+	buf    unsafe.Pointer
 }
 
 // open is the EngineFactory. The topology is not used to set anything up (MPI knows its ranks from the
@@ -263,6 +296,9 @@ func (e *engine) setUp() error {
 	// A duplicate keeps our collectives from matching those of any other MPI user in the process; it
 	// inherits MPI_ERRORS_RETURN.
 	if err := check("MPI_Comm_dup", C.MPI_Comm_dup(world, &e.comm)); err != nil {
+		return err
+	}
+	if err := check("MPI_Comm_dup", C.MPI_Comm_dup(world, &e.notices)); err != nil {
 		return err
 	}
 	var rank, size C.int
@@ -406,6 +442,60 @@ func (e *engine) Abort(code int) {
 	os.Exit(code)
 }
 
+// Notify sends msg to every other rank (backends.Messenger) without waiting for it to be received.
+func (e *engine) Notify(msg []byte) error {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	if e.closed {
+		return backends.ErrClosed
+	}
+	for peer := range e.size {
+		if peer == e.rank {
+			continue
+		}
+		s := noticeSend{handle: (*C.MPI_Request)(C.malloc(C.sizeof_MPI_Request)), buf: C.CBytes(msg)}
+		if err := check("MPI_Isend", C.goaccel_notify(s.buf, C.int(len(msg)), C.int(peer), e.notices, s.handle)); err != nil {
+			C.free(s.buf)
+			C.free(unsafe.Pointer(s.handle))
+			return err
+		}
+		e.sends = append(e.sends, s)
+	}
+	return nil
+}
+
+// Notices returns the notices that arrived (backends.Messenger), without blocking.
+func (e *engine) Notices() ([]backends.Notice, error) {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	if e.closed {
+		return nil, backends.ErrClosed
+	}
+	var out []backends.Notice
+	for {
+		var flag, source, count C.int
+		if err := check("MPI_Iprobe", C.goaccel_probe(e.notices, &flag, &source, &count)); err != nil {
+			return out, err
+		}
+		if flag == 0 {
+			return out, nil
+		}
+		buf := make([]byte, int(count))
+		var p runtime.Pinner
+		var ptr unsafe.Pointer
+		if len(buf) > 0 {
+			ptr = unsafe.Pointer(&buf[0])
+			p.Pin(ptr)
+		}
+		err := check("MPI_Recv", C.goaccel_recv_notice(ptr, count, source, e.notices))
+		p.Unpin()
+		if err != nil {
+			return out, err
+		}
+		out = append(out, backends.Notice{From: int(source), Msg: buf})
+	}
+}
+
 // Close frees the communicator and finalises MPI when this was the last engine. With collectives still in
 // flight MPI cannot be finalised safely: Close then reports them and leaves MPI alone, and the launcher
 // treats the process's exit without MPI_Finalize as a failure of the job.
@@ -425,7 +515,23 @@ func (e *engine) Close() error {
 	if n > 0 {
 		return fmt.Errorf("mpi: closing with %d collective(s) still in flight; MPI is not finalised", n)
 	}
-	err := check("MPI_Comm_free", C.MPI_Comm_free(&e.comm))
+	// Every peer received this rank's notice before it closed (the Communicator closes only once all
+	// ranks announced), so the sends complete; MPI must not be finalised with them pending.
+	var err error
+	for _, s := range e.sends {
+		if werr := check("MPI_Wait", C.goaccel_wait(s.handle)); err == nil {
+			err = werr
+		}
+		C.free(s.buf)
+		C.free(unsafe.Pointer(s.handle))
+	}
+	e.sends = nil
+	if ferr := check("MPI_Comm_free", C.MPI_Comm_free(&e.notices)); err == nil {
+		err = ferr
+	}
+	if ferr := check("MPI_Comm_free", C.MPI_Comm_free(&e.comm)); err == nil {
+		err = ferr
+	}
 	if rerr := release(); err == nil {
 		err = rerr
 	}

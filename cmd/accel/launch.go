@@ -70,6 +70,11 @@ func (a *app) launch(args []string) int {
 	code, err := launch.Run(context.Background(), *procs, program, programArgs, opts...)
 	if err != nil {
 		fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+		// A program that cannot run gets a shell's code (127, 126), not mpirun's, which read as signals.
+		var perr *launch.ProgramError
+		if errors.As(err, &perr) {
+			return perr.Code
+		}
 		return 1
 	}
 	return code

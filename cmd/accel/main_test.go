@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -165,5 +166,59 @@ func Example_env() {
 	// Launcher MCA defaults
 	// Compute backend
 	// Compute devices
+	// Gradients
+	// Matmul
+	// Matmul threads
 	// Environment
+}
+
+// TestEnvReportsKernels: `accel env` says which gradients, matmul path and thread budget a rank uses, and
+// the switches change what it says.
+func TestEnvReportsKernels(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", compute.PureGo)
+	report := func() map[string]string {
+		out := map[string]string{}
+		for _, e := range environmentReport(false) {
+			out[e.key] = e.value
+		}
+		return out
+	}
+	got := report()
+	assert.Equal(t, "gemm", got["Gradients"])
+	assert.NotEqual(t, "pure Go (simplego)", got["Matmul"])
+	t.Setenv(compute.GradientsEnvVar, "gomlx")
+	t.Setenv(compute.MatmulEnvVar, "go")
+	got = report()
+	assert.Equal(t, "gomlx", got["Gradients"])
+	assert.Contains(t, got["Matmul"], "simplego")
+	assert.Contains(t, got["Environment"], compute.MatmulEnvVar+"=go")
+	t.Setenv(compute.GradientsEnvVar, "")
+	t.Setenv(compute.MatmulEnvVar, "")
+	assert.Equal(t, "gemm", report()["Gradients"], "the defaults come back")
+}
+
+// TestLaunchProgramThatCannotRun: a missing or non-executable program gets a shell's exit code (127, 126)
+// and a message saying so, not mpirun's codes that read as deaths by signal.
+func TestLaunchProgramThatCannotRun(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	plain := filepath.Join(t.TempDir(), "train")
+	require.NoError(t, os.WriteFile(plain, []byte("not a program"), 0o644))
+	for _, tc := range []struct {
+		name    string
+		program string
+		code    int
+		want    string
+	}{
+		{"missing", filepath.Join(t.TempDir(), "train"), 127, "not found"},
+		{"not on PATH", "goaccel-no-such-program", 127, "not found"},
+		{"not executable", plain, 126, "not executable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _, stderr := newTestApp()
+			code := a.run([]string{"launch", "-n", "2", tc.program})
+			assert.Equal(t, tc.code, code, "stderr: %s", stderr)
+			assert.Contains(t, stderr.String(), tc.want)
+			assert.Contains(t, stderr.String(), tc.program)
+		})
+	}
 }

@@ -18,7 +18,8 @@ const evalBatchSize = 500
 // per-example results are gathered with GatherForMetrics, which drops the examples that even batching
 // repeated, so every test example counts exactly once whatever the number of processes.
 func evaluate(acc *accel.Accelerator, model *prepare.Model, test *fashionmnist.Dataset) (float64, error) {
-	src, err := prepare.TensorSource([]*tensors.Tensor{test.Images}, []*tensors.Tensor{test.Labels})
+	src, err := prepare.TensorSource([]*tensors.Tensor{test.Images}, []*tensors.Tensor{test.Labels},
+		prepare.SparseLabels(fashionmnist.NumClasses))
 	if err != nil {
 		return 0, err
 	}

@@ -57,11 +57,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if err := demo(cfg, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "grad_accum: %v\n", err)
+		if !errors.As(err, new(printedError)) {
+			fmt.Fprintf(stderr, "grad_accum: %v\n", err)
+		}
 		return exitError
 	}
 	return exitOK
 }
+
+// printedError is an error that demo already printed.
+type printedError struct{ error }
+
+func (e printedError) Unwrap() error { return e.error }
 
 // parseFlags parses and validates the command line, printing what is wrong to stderr.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -76,7 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.hidden, "hidden", 128, "units in the hidden dense layer")
 	fs.StringVar(&cfg.dataDir, "data", fashionmnist.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	fs.IntVar(&cfg.limit, "limit", 0, "use at most this many training examples (0 = all)")
-	fs.Uint64Var(&cfg.seed, "seed", 42, "seed for weight initialisation (0 = random) and shuffling; the same on every process")
+	fs.Uint64Var(&cfg.seed, "seed", 42, "seed for weight initialisation and shuffling (every value, 0 included, gives a repeatable run); the same on every process")
 	fs.StringVar(&cfg.plot, "plot", "", "write the training loss curve to this PNG file (empty = no plot)")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress bar or progress lines")
 	fs.Usage = func() {
@@ -126,15 +133,17 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	defer func() {
-		// Under MPI, Close finalises the engine: a failure there is worth an exit code.
-		if closeErr := acc.Close(); err == nil && closeErr != nil {
-			err = closeErr
-		}
-	}()
-	// Each process's errors go to its own stderr; tag them so mpirun's merged output says who failed.
-	defer func() {
 		if err != nil && acc.WorldSize() > 1 {
+			// Print before closing: on several processes, closing on an error ends the whole job (the
+			// others learn which rank failed and why, instead of waiting for it), and this process with it.
+			// Each process's errors go to its own stderr; the tag says who failed in mpirun's merged output.
 			err = fmt.Errorf("rank %d of %d: %w", acc.Rank(), acc.WorldSize(), err)
+			fmt.Fprintf(stderr, "grad_accum: %v\n", err)
+			err = printedError{err}
+		}
+		// Under MPI, Close finalises the engine: a failure there is worth an exit code.
+		if closeErr := acc.CloseWithError(err); err == nil && closeErr != nil {
+			err = closeErr
 		}
 	}()
 
@@ -172,11 +181,20 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		}
 		acc.Printf("loss curve written to %s\n", cfg.plot)
 	}
+	// A diverged run still reports what it did (final_loss is null in the summary), but it failed: scripts
+	// must not take its exit code for success. Every process knows the global loss, so all fail alike.
+	var diverged error
+	if math.IsNaN(finalLoss) || math.IsInf(finalLoss, 0) {
+		diverged = fmt.Errorf("training diverged: the last epoch's mean loss is %g; try a smaller -lr", finalLoss)
+	}
 	if !acc.IsMainProcess() {
-		return nil
+		return diverged
 	}
 	s := newSummary(acc, cfg, stats, trainSet.Len(), accuracy, finalLoss, trainTime, time.Since(start))
-	return s.write(stdout)
+	if err := s.write(stdout); err != nil {
+		return err
+	}
+	return diverged
 }
 
 func processes(n int) string {

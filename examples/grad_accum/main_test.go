@@ -63,7 +63,7 @@ func lastLine(s string) string {
 var summaryKeys = []string{
 	"rank", "world_size", "epochs", "batch_size", "accumulation_steps", "global_batch", "optimizer_steps", "syncs",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
-	"train_examples", "test_accuracy", "final_loss", "seconds",
+	"train_examples", "test_accuracy", "final_loss", "model", "train_seconds", "examples_per_second", "seconds",
 }
 
 // parseSummary checks that the last stdout line is a JSON object with exactly the summary's keys.
@@ -224,4 +224,15 @@ func TestRealDataset(t *testing.T) {
 	s := parseSummary(t, stdout)
 	assert.Equal(t, 2000, s.TrainExamples)
 	assert.Greater(t, s.TestAccuracy, 0.5)
+}
+
+// TestDivergedRunFails: a run whose loss ends NaN or infinite still prints its summary (final_loss null)
+// but exits non-zero with a message saying it diverged.
+func TestDivergedRunFails(t *testing.T) {
+	dir := writeFakeDataset(t, 64, 16)
+	code, stdout, stderr := runMain(t, "-data", dir, "-epochs", "1", "-batch", "8", "-k", "1", "-hidden", "8",
+		"-lr", "1e38", "-quiet")
+	assert.Equal(t, exitError, code, "stdout: %s\nstderr: %s", stdout, stderr)
+	assert.Contains(t, stderr, "training diverged")
+	assert.Contains(t, lastLine(stdout), `"final_loss":null`)
 }

@@ -89,7 +89,8 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 	if err != nil {
 		return nil, err
 	}
-	src, err := prepare.TensorSource([]*tensors.Tensor{data.Images}, []*tensors.Tensor{data.Labels})
+	src, err := prepare.TensorSource([]*tensors.Tensor{data.Images}, []*tensors.Tensor{data.Labels},
+		prepare.SparseLabels(fashionmnist.NumClasses))
 	if err != nil {
 		return nil, err
 	}

@@ -15,34 +15,98 @@ import (
 )
 
 // CheckSameSignature verifies that every rank describes the same thing (one line per item, such as a
-// variable's name, shape and dtype). When they differ, every rank returns an error naming the first
-// line where it differs from rank 0 — or, on rank 0, where the first differing rank differs — so no rank
-// goes on into a collective that the others will not join.
+// variable's name, shape and dtype). When they differ, every rank returns the same error, which names the
+// first line where the ranks disagree and which ranks have which version of it, so no rank goes on into a
+// collective that the others will not join.
 func CheckSameSignature(comm *backends.Communicator, what string, lines []string) error {
+	all, err := gatherIfDifferent(comm, what, lines)
+	if err != nil || all == nil {
+		return err
+	}
+	i := firstDisagreement(all)
+	groups := groupRanks(all, i)
+	parts := make([]string, len(groups))
+	for g, grp := range groups {
+		verb := "has"
+		if len(grp.ranks) > 1 {
+			verb = "have"
+		}
+		parts[g] = fmt.Sprintf("%s %s %q", RankList(grp.ranks, 0), verb, grp.value)
+	}
+	return fmt.Errorf("replicas: %s differ across ranks: %s", what, strings.Join(parts, "; "))
+}
+
+// Setting is one setting that every rank must share, for CheckSameSettings.
+type Setting struct {
+	Name  string
+	Value string
+}
+
+// CheckSameSettings verifies that every rank has the same settings, in the same order. When they differ,
+// every rank returns the same error naming the first setting the ranks disagree on and each rank's value.
+func CheckSameSettings(comm *backends.Communicator, settings []Setting) error {
+	lines := make([]string, len(settings))
+	for i, s := range settings {
+		lines[i] = s.Name + "\x00" + s.Value
+	}
+	all, err := gatherIfDifferent(comm, "settings", lines)
+	if err != nil || all == nil {
+		return err
+	}
+	i := firstDisagreement(all)
+	name := "the number of settings"
+	for _, lines := range all {
+		if i < len(lines) {
+			name, _, _ = strings.Cut(lines[i], "\x00")
+			break
+		}
+	}
+	groups := groupRanks(all, i)
+	parts := make([]string, len(groups))
+	for g, grp := range groups {
+		verb := "has"
+		if len(grp.ranks) > 1 {
+			verb = "have"
+		}
+		setting, value, found := strings.Cut(grp.value, "\x00")
+		switch {
+		case !found:
+			value = "nothing"
+		case setting != name:
+			value = fmt.Sprintf("%s instead", setting)
+		}
+		parts[g] = fmt.Sprintf("%s %s %s", RankList(grp.ranks, 0), verb, value)
+	}
+	return fmt.Errorf("replicas: the ranks disagree on %s: %s", name, strings.Join(parts, "; "))
+}
+
+// gatherIfDifferent compares the ranks' lines by hash and, only if they differ, gathers every rank's lines
+// (nil when they are the same everywhere).
+func gatherIfDifferent(comm *backends.Communicator, what string, lines []string) ([][]string, error) {
 	size := comm.Size()
 	if size == 1 {
-		return nil
+		return nil, nil
 	}
 	text := []byte(strings.Join(lines, "\n"))
 	sum := sha256.Sum256(text)
 	sums := make([]byte, len(sum)*size)
 	if err := comm.AllGather(sum[:], sums); err != nil {
-		return fmt.Errorf("replicas: comparing %s across ranks: %w", what, err)
+		return nil, fmt.Errorf("replicas: comparing %s across ranks: %w", what, err)
 	}
-	firstDiffering := -1
+	same := true
 	for r := range size {
 		if !bytes.Equal(sums[r*len(sum):(r+1)*len(sum)], sums[:len(sum)]) {
-			firstDiffering = r
+			same = false
 			break
 		}
 	}
-	if firstDiffering < 0 {
-		return nil
+	if same {
+		return nil, nil
 	}
 	// Rare path: exchange the full texts (lengths first, then padded to the longest) to say what differs.
 	lengths := make([]int64, size)
 	if err := comm.AllGather([]int64{int64(len(text))}, lengths); err != nil {
-		return fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
+		return nil, fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
 	}
 	longest := int64(0)
 	for _, n := range lengths {
@@ -50,23 +114,64 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 	}
 	padded := make([]byte, longest)
 	copy(padded, text)
-	all := make([]byte, longest*int64(size))
-	if err := comm.AllGather(padded, all); err != nil {
-		return fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
+	buf := make([]byte, longest*int64(size))
+	if err := comm.AllGather(padded, buf); err != nil {
+		return nil, fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
 	}
-	linesOf := func(r int) []string {
+	all := make([][]string, size)
+	for r := range size {
 		start := int64(r) * longest
-		return strings.Split(string(all[start:start+lengths[r]]), "\n")
+		all[r] = strings.Split(string(buf[start:start+lengths[r]]), "\n")
 	}
-	me, other := comm.Rank(), 0
-	if me == 0 {
-		other = firstDiffering
+	return all, nil
+}
+
+// firstDisagreement is the index of the first line on which the ranks do not all agree.
+func firstDisagreement(all [][]string) int {
+	longest := 0
+	for _, lines := range all {
+		longest = max(longest, len(lines))
 	}
-	if a, b, differ := FirstDifference(linesOf(me), linesOf(other)); differ {
-		return fmt.Errorf("replicas: %s differ across ranks: rank %d has %q where rank %d has %q", what, me, a,
-			other, b)
+	for i := range longest {
+		for _, lines := range all[1:] {
+			if lineAt(lines, i) != lineAt(all[0], i) {
+				return i
+			}
+		}
 	}
-	return fmt.Errorf("replicas: %s differ across ranks %d and %d", what, me, other)
+	return longest
+}
+
+type rankGroup struct {
+	value string
+	ranks []int
+}
+
+// groupRanks groups the ranks by their line i, in the order of each group's lowest rank.
+func groupRanks(all [][]string, i int) []rankGroup {
+	var groups []rankGroup
+	for r, lines := range all {
+		v := lineAt(lines, i)
+		found := false
+		for g := range groups {
+			if groups[g].value == v {
+				groups[g].ranks = append(groups[g].ranks, r)
+				found = true
+				break
+			}
+		}
+		if !found {
+			groups = append(groups, rankGroup{value: v, ranks: []int{r}})
+		}
+	}
+	return groups
+}
+
+func lineAt(lines []string, i int) string {
+	if i < len(lines) {
+		return lines[i]
+	}
+	return "<nothing>"
 }
 
 // FirstDifference returns the first line where a and b differ ("<nothing>" standing for a missing line),

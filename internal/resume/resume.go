@@ -24,6 +24,12 @@ type ModelHooks struct {
 type OptimizerHooks struct {
 	// Restore sets the applied and skipped step counters.
 	Restore func(optimizer any, steps, skipped int64)
+	// Kind names the GoMLX optimizer's type, which a checkpoint records: another optimizer's state must not
+	// be loaded into this one.
+	Kind func(optimizer any) string
+	// Describe renders the optimizer's whole configuration (type, hyperparameters, clipping, non-finite
+	// policy) for comparison across ranks.
+	Describe func(optimizer any) string
 }
 
 // LoaderHooks reach into a *prepare.DataLoader.
@@ -33,6 +39,8 @@ type LoaderHooks struct {
 	Restore func(loader any, epoch, position int) error
 	// Peekable reports whether the loader's PeekBatch works (it has an indexable source).
 	Peekable func(loader any) bool
+	// CheckRestore returns the error Restore would return, without changing anything.
+	CheckRestore func(loader any, epoch, position int) error
 }
 
 // The hooks, installed by package prepare's init.

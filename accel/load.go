@@ -1,0 +1,386 @@
+package accel
+
+import (
+	"bytes"
+	"encoding/gob"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
+
+	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/replicas"
+	"github.com/goaccel/goaccel/internal/resume"
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// LoadState restores the newest checkpoint under dir (or dir itself, if it is a checkpoint) saved by
+// SaveState with the same world size, accumulation steps, seed, models, optimizers and data loaders. The
+// next iteration of each data loader resumes on the first batch the saved run had not consumed.
+//
+// Collective: the main process reads the checkpoint and broadcasts it, so the other processes need no
+// access to the files (nodes without a shared filesystem work). Models are built first if needed, from the
+// first batch of the first prepared data loader.
+//
+// LoadState changes nothing unless it succeeds on every rank: each rank checks the checkpoint against its
+// own run — every variable's name, dtype and shape, the optimizers' types, the seed, the loaders' batch
+// sizes and lengths, every counter and position — and the ranks agree that all of them accept it before
+// any applies it. A refusal is the same error on every rank, naming the ranks that refused and why. When
+// the newest checkpoint under dir is incomplete or damaged, LoadState falls back to the newest intact one
+// and says so on the accelerator's output (see WithOutput).
+func (a *Accelerator) LoadState(dir string) error {
+	if err := a.checkOpen(); err != nil {
+		return err
+	}
+	if err := a.materializeForLoad(); err != nil {
+		return err
+	}
+	var payload []byte
+	var readErr error
+	if a.IsMainProcess() {
+		payload, readErr = a.readCheckpoint(dir)
+	}
+	status, err := broadcastBytes(a.comm, []byte(errorText(readErr)))
+	if err != nil {
+		return fmt.Errorf("accel: loading state: %w", err)
+	}
+	if len(status) > 0 {
+		return fmt.Errorf("accel: loading state (main process): %s; nothing was changed", status)
+	}
+	if payload, err = broadcastBytes(a.comm, payload); err != nil {
+		return fmt.Errorf("accel: loading state: %w", err)
+	}
+	plan, planErr := a.planLoad(payload)
+	if err := replicas.Agree(a.comm, "accel: loading state refused, nothing was changed", planErr); err != nil {
+		return err
+	}
+	for _, skipped := range plan.skipped {
+		a.Printf("accel: %s; loading the newest intact checkpoint, %s\n", skipped, plan.path)
+	}
+	if err := a.applyLoad(plan); err != nil {
+		// Every rank validated the same checkpoint, so this is not expected; if it happens the ranks may
+		// no longer hold the same state, and the job must not go on.
+		a.comm.Fail(err)
+		return err
+	}
+	return nil
+}
+
+// checkpointPayload is what the main process reads from a checkpoint and broadcasts: everything LoadState
+// needs, so the other ranks never touch the files.
+type checkpointPayload struct {
+	Path    string
+	Skipped []string // why newer checkpoints were passed over
+	State   []byte   // state.json
+	Models  []modelPayload
+}
+
+type modelPayload struct {
+	Variables    []savedVariable
+	Accumulators []byte // every rank's, bucket by bucket
+}
+
+// savedVariable is one variable of a checkpoint, by its GoMLX parameter name (scope and name).
+type savedVariable struct {
+	Name  string
+	DType dtypes.DType
+	Dims  []int
+	Data  []byte
+}
+
+// loadPlan is a validated checkpoint, ready to apply.
+type loadPlan struct {
+	path    string
+	skipped []string
+	state   savedState
+	values  []map[*context.Variable]*tensors.Tensor // per model
+	accums  [][]byte                                // per model, this rank's accumulator bytes
+}
+
+func (a *Accelerator) materializeForLoad() error {
+	for i, m := range a.models {
+		if m.Materialized() {
+			continue
+		}
+		if len(a.loaders) == 0 || !resume.Loader.Peekable(a.loaders[0]) {
+			return fmt.Errorf("accel: loading state: model %d has no weights yet and no data loader to build it "+
+				"from: call model.Materialize with a batch first", i)
+		}
+		batch, err := a.loaders[0].PeekBatch()
+		if err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+		if err := m.Materialize(batch); err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+	}
+	return nil
+}
+
+// readCheckpoint finds the newest intact checkpoint under dir and reads it into a payload (main process
+// only). It reads variables into a scratch context: nothing of this run changes here.
+func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
+	path, skipped, err := checkpoint.LatestIntact(dir)
+	if err != nil {
+		return nil, err
+	}
+	p := checkpointPayload{Path: path}
+	for _, s := range skipped {
+		p.Skipped = append(p.Skipped, s.Error())
+	}
+	if p.State, err = os.ReadFile(filepath.Join(path, stateFile)); err != nil {
+		return nil, err
+	}
+	var state savedState
+	if err := json.Unmarshal(p.State, &state); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %s: %w", path, stateFile, err)
+	}
+	if len(state.Models) != len(a.models) {
+		return nil, fmt.Errorf("checkpoint %s: saved %d model(s), this run prepared %d", path, len(state.Models),
+			len(a.models))
+	}
+	for _, sm := range state.Models {
+		if !filepath.IsLocal(sm.Dir) {
+			return nil, fmt.Errorf("checkpoint %s: %s names model directory %q outside the checkpoint", path,
+				stateFile, sm.Dir)
+		}
+		modelDir := filepath.Join(path, sm.Dir)
+		vars, err := readVariables(modelDir)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		}
+		blob, err := os.ReadFile(filepath.Join(modelDir, accumulatorsFile))
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		}
+		p.Models = append(p.Models, modelPayload{Variables: vars, Accumulators: blob})
+	}
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(p); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: encoding it for the other ranks: %w", path, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// readVariables reads the variables GoMLX's checkpoints package saved in dir, sorted by name, without
+// putting them in any context of this run.
+func readVariables(dir string) (vars []savedVariable, err error) {
+	defer recoverInto(&err, "reading variables")
+	scratch := context.New()
+	h, err := checkpoints.Load(scratch).Dir(dir).ExcludeAllParams().Done()
+	if err != nil {
+		return nil, err
+	}
+	loaded := h.LoadedVariables()
+	names := make([]string, 0, len(loaded))
+	for name := range loaded {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		t := loaded[name]
+		sv := savedVariable{Name: name, DType: t.DType(), Dims: slices.Clone(t.Shape().Dimensions)}
+		if err := t.ConstBytes(func(data []byte) { sv.Data = slices.Clone(data) }); err != nil {
+			return nil, fmt.Errorf("variable %q: %w", name, err)
+		}
+		vars = append(vars, sv)
+	}
+	return vars, nil
+}
+
+// planLoad checks a broadcast checkpoint against this rank's run and prepares what applyLoad sets. It
+// changes nothing.
+func (a *Accelerator) planLoad(payload []byte) (*loadPlan, error) {
+	var p checkpointPayload
+	if err := gob.NewDecoder(bytes.NewReader(payload)).Decode(&p); err != nil {
+		return nil, fmt.Errorf("decoding the checkpoint the main process sent: %w", err)
+	}
+	plan := &loadPlan{path: p.Path, skipped: p.Skipped}
+	if err := json.Unmarshal(p.State, &plan.state); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %s: %w", p.Path, stateFile, err)
+	}
+	if err := a.check(plan, p); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", p.Path, err)
+	}
+	return plan, nil
+}
+
+func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
+	s := plan.state
+	if err := a.compatible(s); err != nil {
+		return err
+	}
+	if len(p.Models) != len(a.models) {
+		return fmt.Errorf("holds %d model(s), this run prepared %d", len(p.Models), len(a.models))
+	}
+	for i, m := range a.models {
+		values, err := matchVariables(m, p.Models[i].Variables)
+		if err != nil {
+			return fmt.Errorf("model %d: %w", i, err)
+		}
+		mine, err := a.accumulatorShare(m, p.Models[i].Accumulators)
+		if err != nil {
+			return fmt.Errorf("model %d: %w", i, err)
+		}
+		plan.values = append(plan.values, values)
+		plan.accums = append(plan.accums, mine)
+	}
+	for i, l := range a.loaders {
+		if err := resume.Loader.CheckRestore(l, s.Loaders[i].Epoch, s.Loaders[i].Position); err != nil {
+			return fmt.Errorf("data loader %d: %w", i, err)
+		}
+	}
+	return a.state.CheckPosition(s.Gradient)
+}
+
+// compatible checks that a saved state can resume this run exactly.
+func (a *Accelerator) compatible(s savedState) error {
+	switch {
+	case s.Format != stateFormat:
+		return fmt.Errorf("state format %d, this version reads %d", s.Format, stateFormat)
+	case s.WorldSize != a.WorldSize():
+		return fmt.Errorf("saved by %d processes, this run has %d: the data position and the per-rank partial "+
+			"gradients cannot be mapped exactly; resume with %d processes", s.WorldSize, a.WorldSize(), s.WorldSize)
+	case s.AccumulationSteps != a.state.Steps():
+		return fmt.Errorf("saved with %d accumulation steps, this run uses %d", s.AccumulationSteps, a.state.Steps())
+	case s.SyncEachBatch != a.state.SyncEachBatch():
+		return fmt.Errorf("saved with sync-each-batch %t, this run has %t", s.SyncEachBatch, a.state.SyncEachBatch())
+	case s.Seed != a.cfg.seed:
+		return fmt.Errorf("saved with seed %d, this run uses %d: the data order would not continue the saved "+
+			"run's", s.Seed, a.cfg.seed)
+	case len(s.Models) != len(a.models):
+		return fmt.Errorf("saved %d model(s), this run prepared %d", len(s.Models), len(a.models))
+	}
+	for i, m := range a.models {
+		if saved, current, differ := replicas.FirstDifference(s.Models[i].Plan, m.Plan().Signature()); differ {
+			return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i, saved, current)
+		}
+	}
+	if len(s.Optimizers) != len(a.optimizers) || len(s.Loaders) != len(a.loaders) {
+		return fmt.Errorf("saved %d optimizer(s) and %d loader(s); this run prepared %d and %d",
+			len(s.Optimizers), len(s.Loaders), len(a.optimizers), len(a.loaders))
+	}
+	for i, o := range a.optimizers {
+		so := s.Optimizers[i]
+		if kind := resume.Optimizer.Kind(o); so.Kind != "" && so.Kind != kind {
+			return fmt.Errorf("optimizer %d is a %s in the checkpoint and a %s in this run: its state cannot be "+
+				"loaded into another optimizer", i, so.Kind, kind)
+		}
+		if so.Model < 0 || so.Model >= len(a.models) || a.models[so.Model] != o.Model() {
+			return fmt.Errorf("optimizer %d belongs to model %d in the checkpoint, not to the same model in this run",
+				i, so.Model)
+		}
+		if so.Steps < 0 || so.Skipped < 0 {
+			return fmt.Errorf("optimizer %d has negative step counts (%d applied, %d skipped)", i, so.Steps, so.Skipped)
+		}
+	}
+	for i, l := range a.loaders {
+		sl := s.Loaders[i]
+		if sl.BatchSize != 0 && sl.BatchSize != l.BatchSize() {
+			return fmt.Errorf("data loader %d was saved with batch size %d per process, this run uses %d: its "+
+				"position counts other batches", i, sl.BatchSize, l.BatchSize())
+		}
+		if sl.Batches != 0 && sl.Batches != l.Len() {
+			return fmt.Errorf("data loader %d had %d batches per epoch per process in the saved run, %d in this "+
+				"one: the dataset differs", i, sl.Batches, l.Len())
+		}
+	}
+	return nil
+}
+
+// matchVariables pairs the saved variables with the model's: the same names, and each with the same
+// dtype and shape. It returns the values to set.
+func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Variable]*tensors.Tensor, error) {
+	live := map[string]*context.Variable{}
+	for _, v := range m.ReplicatedVariables() {
+		live[v.ParameterName()] = v
+	}
+	values := make(map[*context.Variable]*tensors.Tensor, len(saved))
+	for _, sv := range saved {
+		v, ok := live[sv.Name]
+		if !ok {
+			return nil, fmt.Errorf("the checkpoint holds variable %q, which this run does not have: it was saved "+
+				"with another model or optimizer", sv.Name)
+		}
+		got, want := shapes.Make(sv.DType, sv.Dims...), v.Shape()
+		if !got.Equal(want) {
+			return nil, fmt.Errorf("variable %q is %s in the checkpoint and %s in this run", sv.Name, got, want)
+		}
+		if int64(len(sv.Data)) != int64(got.Memory()) {
+			return nil, fmt.Errorf("variable %q has %d bytes in the checkpoint, its shape %s needs %d", sv.Name,
+				len(sv.Data), got, got.Memory())
+		}
+		t := tensors.FromShape(got)
+		if err := t.MutableBytes(func(data []byte) { copy(data, sv.Data) }); err != nil {
+			return nil, fmt.Errorf("variable %q: %w", sv.Name, err)
+		}
+		values[v] = t
+	}
+	for _, v := range m.ReplicatedVariables() {
+		if _, ok := values[v]; !ok {
+			return nil, fmt.Errorf("the checkpoint has no variable %q, which this run has", v.ParameterName())
+		}
+	}
+	return values, nil
+}
+
+// accumulatorShare checks the size of a gathered accumulator blob and returns this rank's part of it.
+func (a *Accelerator) accumulatorShare(m *prepare.Model, blob []byte) ([]byte, error) {
+	size, rank := a.comm.Size(), a.comm.Rank()
+	var mine []byte
+	offset := 0
+	for _, v := range resume.Model.Accumulators(m) {
+		n := int(v.Shape().Memory())
+		if offset+n*size > len(blob) {
+			return nil, fmt.Errorf("accumulators file is %d bytes, too short for the model", len(blob))
+		}
+		mine = append(mine, blob[offset+rank*n:offset+(rank+1)*n]...)
+		offset += n * size
+	}
+	if offset != len(blob) {
+		return nil, fmt.Errorf("accumulators file is %d bytes, the model needs %d", len(blob), offset)
+	}
+	return mine, nil
+}
+
+// applyLoad sets a validated checkpoint.
+func (a *Accelerator) applyLoad(plan *loadPlan) error {
+	s := plan.state
+	for i, m := range a.models {
+		for v, t := range plan.values[i] {
+			if err := v.SetValue(t); err != nil {
+				return fmt.Errorf("accel: loading state: setting variable %q: %w", v.ScopeAndName(), err)
+			}
+		}
+		offset := 0
+		for _, v := range resume.Model.Accumulators(m) {
+			value, err := v.Value()
+			if err != nil {
+				return fmt.Errorf("accel: loading state: accumulator %q: %w", v.ScopeAndName(), err)
+			}
+			n := int(value.Shape().Memory())
+			if err := value.MutableBytes(func(data []byte) { copy(data, plan.accums[i][offset:offset+n]) }); err != nil {
+				return fmt.Errorf("accel: loading state: accumulator %q: %w", v.ScopeAndName(), err)
+			}
+			offset += n
+		}
+		resume.Model.RestoreAccumulation(m, s.Models[i].Accumulating)
+	}
+	for i, o := range a.optimizers {
+		resume.Optimizer.Restore(o, s.Optimizers[i].Steps, s.Optimizers[i].Skipped)
+	}
+	for i, l := range a.loaders {
+		if err := resume.Loader.Restore(l, s.Loaders[i].Epoch, s.Loaders[i].Position); err != nil {
+			return fmt.Errorf("accel: loading state: %w", err)
+		}
+	}
+	return a.state.Restore(s.Gradient)
+}

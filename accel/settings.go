@@ -1,0 +1,49 @@
+package accel
+
+import (
+	"fmt"
+
+	"github.com/goaccel/goaccel/internal/replicas"
+	"github.com/goaccel/goaccel/internal/resume"
+)
+
+// settings are what every rank must share for the ranks to train one model together. A rank with another
+// K would all-reduce at other times (a hang, or silent garbage), another seed would shuffle differently
+// (overlapping shards), another batch size or loader length would run out of batches at another step,
+// another optimizer configuration would apply the same gradient differently (diverged replicas).
+func (a *Accelerator) settings() []replicas.Setting {
+	s := []replicas.Setting{
+		{Name: "gradient accumulation steps (K)", Value: fmt.Sprint(a.state.Steps())},
+		{Name: "sync each batch", Value: fmt.Sprint(a.state.SyncEachBatch())},
+		{Name: "seed", Value: fmt.Sprint(a.cfg.seed)},
+		{Name: "bucket cap (MB)", Value: fmt.Sprint(a.cfg.bucketCapMB)},
+		{Name: "replica check", Value: fmt.Sprint(a.cfg.checkReplicas)},
+		{Name: "debug mode (collective call checks)", Value: fmt.Sprint(a.comm.CallChecks())},
+		{Name: "the number of prepared models", Value: fmt.Sprint(len(a.models))},
+		{Name: "the number of prepared optimizers", Value: fmt.Sprint(len(a.optimizers))},
+		{Name: "the number of prepared data loaders", Value: fmt.Sprint(len(a.loaders))},
+	}
+	for i, l := range a.loaders {
+		s = append(s,
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's batch size per process", i), Value: fmt.Sprint(l.BatchSize())},
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())})
+	}
+	for i, o := range a.optimizers {
+		s = append(s, replicas.Setting{Name: fmt.Sprintf("optimizer %d's configuration", i), Value: resume.Optimizer.Describe(o)})
+	}
+	return s
+}
+
+// agreeOnSettings compares the settings across ranks once, on the first Backward: every rank calls it at
+// the same point, and by then the loaders and optimizers of a training loop are prepared. A mismatch is
+// the same error on every rank, naming the setting and which ranks have which value.
+func (a *Accelerator) agreeOnSettings() error {
+	if a.settingsAgreed || a.WorldSize() == 1 {
+		return nil
+	}
+	if err := replicas.CheckSameSettings(a.comm, a.settings()); err != nil {
+		return fmt.Errorf("accel: %w", err)
+	}
+	a.settingsAgreed = true
+	return nil
+}
