@@ -12,6 +12,8 @@ import (
 	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/backends/xla"
+
+	"github.com/goaccel/goaccel/backends/compute/convgrad"
 )
 
 // Config selects the GoMLX compute backend.
@@ -109,6 +111,12 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 				"or use the pure-Go backend with GOMLX_BACKEND=go"
 		}
 		return nil, fmt.Errorf("compute: backend %q (%s) failed to start: %w%s", config, reason, err, hint)
+	}
+	if name == PureGo {
+		// The pure-Go backend's convolution and pooling are per-element loops; lowered to im2col + gemm and
+		// reshape + reduce they run ~9× faster and reach the gemm kernel. The graph keeps its ConvGeneral
+		// and ReduceWindow nodes, so gradients and results are unchanged.
+		backend = convgrad.LowerConvolutions(backend)
 	}
 	return backend, nil
 }

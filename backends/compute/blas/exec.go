@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
@@ -57,12 +58,8 @@ func execGemm(backend *simplego.Backend, node *simplego.Node, inputs []*simplego
 	if params == nil {
 		return nil, false, nil
 	}
-	lhsShape, err := backend.BufferShape(inputs[0])
-	if err != nil {
-		return nil, false, nil
-	}
-	rhsShape, err := backend.BufferShape(inputs[1])
-	if err != nil {
+	lhsShape, rhsShape, ok := readOperands(inputs, backend.BufferShape)
+	if !ok {
 		return nil, false, nil
 	}
 	dtype := lhsShape.DType
@@ -73,12 +70,8 @@ func execGemm(backend *simplego.Backend, node *simplego.Node, inputs []*simplego
 	if !ok {
 		return nil, false, nil
 	}
-	lhsFlat, err := backend.BufferData(inputs[0])
-	if err != nil {
-		return nil, false, nil
-	}
-	rhsFlat, err := backend.BufferData(inputs[1])
-	if err != nil {
+	lhsFlat, rhsFlat, ok := readOperands(inputs, backend.BufferData)
+	if !ok {
 		return nil, false, nil
 	}
 
@@ -107,6 +100,14 @@ func execGemm(backend *simplego.Backend, node *simplego.Node, inputs []*simplego
 		directCalls.Add(1)
 	}
 	return output, true, nil
+}
+
+// readOperands reads both operands of a DotGeneral with read (their shapes, or their flat data); ok is false
+// when either read fails.
+func readOperands[T any](inputs []*simplego.Buffer, read func(backends.Buffer) (T, error)) (lhs, rhs T, ok bool) {
+	lhs, lhsErr := read(inputs[0])
+	rhs, rhsErr := read(inputs[1])
+	return lhs, rhs, lhsErr == nil && rhsErr == nil
 }
 
 // runPlan copies the operands the plan says need it into scratch buffers from simplego's pool, then runs the

@@ -29,19 +29,20 @@ func transposeFlag(trans bool) gonumblas.Transpose {
 
 // sgemmBatched computes the float32 gemms g describes, one gonum Sgemm per batch item.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
-	strideA, strideB, strideC := g.m*g.k, g.k*g.n, g.m*g.n
-	for i := range g.batch {
-		gonum.Implementation{}.Sgemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
-			1, a[i*strideA:(i+1)*strideA], g.lda(), b[i*strideB:(i+1)*strideB], g.ldb(),
-			0, c[i*strideC:(i+1)*strideC], g.ldc())
-	}
+	gemmBatched(g, a, b, c, gonum.Implementation{}.Sgemm)
 }
 
 // dgemmBatched computes the float64 gemms g describes, one gonum Dgemm per batch item.
 func dgemmBatched(g gemmShape, a, b, c []float64) {
+	gemmBatched(g, a, b, c, gonum.Implementation{}.Dgemm)
+}
+
+// gemmBatched runs gemm (gonum's Sgemm or Dgemm) once per batch item of g.
+func gemmBatched[T float32 | float64](g gemmShape, a, b, c []T, gemm func(tA, tB gonumblas.Transpose,
+	m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int)) {
 	strideA, strideB, strideC := g.m*g.k, g.k*g.n, g.m*g.n
 	for i := range g.batch {
-		gonum.Implementation{}.Dgemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
+		gemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
 			1, a[i*strideA:(i+1)*strideA], g.lda(), b[i*strideB:(i+1)*strideB], g.ldb(),
 			0, c[i*strideC:(i+1)*strideC], g.ldc())
 	}

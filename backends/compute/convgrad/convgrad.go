@@ -46,28 +46,21 @@
 package convgrad
 
 import (
-	"fmt"
-	"sync"
-
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
-var (
-	// registrationMu serialises Register and Unregister, and guards the variables below.
-	registrationMu sync.Mutex
-	// registered tells whether our VJPs are installed in graph.VJPRegistration.
-	registered bool
-	// replacedVJPs holds the VJPs that Register replaced (GoMLX's own, unless someone else patched them
-	// first), for Unregister to restore and for our VJPs to fall back on.
-	replacedVJPs map[graph.NodeType]graph.VJP
-)
-
-// vjpBuilders are the gradients this package builds, by node type. Each returns false for nodes it leaves to
+// patch installs this package's gradients, by node type. Each builder returns false for nodes it leaves to
 // the VJP it replaced.
-var vjpBuilders = map[graph.NodeType]func(node, v *graph.Node) ([]*graph.Node, bool){
-	graph.NodeTypeConvGeneral:  convGeneralGradients,
-	graph.NodeTypeReduceWindow: reduceWindowGradients,
+var patch = gomlxpatch.VJPPatch{
+	Name:  "convgrad",
+	Check: CheckCompatible,
+	VJPs: map[graph.NodeType]func(replaced graph.VJP) graph.VJP{
+		graph.NodeTypeConvGeneral:  withFallback(convGeneralGradients),
+		graph.NodeTypeReduceWindow: withFallback(reduceWindowGradients),
+	},
 }
 
 // Register installs this package's gradients of ConvGeneral and ReduceWindow into graph.VJPRegistration,
@@ -77,67 +70,29 @@ var vjpBuilders = map[graph.NodeType]func(node, v *graph.Node) ([]*graph.Node, b
 //
 // Register panics if CheckCompatible fails: the GoMLX in use no longer stores the node parameters the way
 // this package reads them, and carrying on could only mean wrong gradients or none.
-func Register() {
-	registrationMu.Lock()
-	defer registrationMu.Unlock()
-	if registered {
-		return
-	}
-	if err := CheckCompatible(); err != nil {
-		panic(fmt.Sprintf("convgrad.Register: %v", err))
-	}
-	replacedVJPs = make(map[graph.NodeType]graph.VJP, len(vjpBuilders))
-	for nodeType, build := range vjpBuilders {
-		replaced := graph.VJPRegistration[nodeType]
-		replacedVJPs[nodeType] = replaced
-		graph.VJPRegistration[nodeType] = withFallback(build, replaced)
-	}
-	registered = true
-}
+func Register() { patch.Register() }
 
 // Unregister restores the VJPs that Register replaced, so graphs built afterwards differentiate ConvGeneral
 // and ReduceWindow as GoMLX ships them. It is a no-op when not registered. Graphs already built keep the
 // gradients they were built with.
-func Unregister() {
-	registrationMu.Lock()
-	defer registrationMu.Unlock()
-	if !registered {
-		return
-	}
-	for nodeType, replaced := range replacedVJPs {
-		if replaced == nil {
-			delete(graph.VJPRegistration, nodeType)
-		} else {
-			graph.VJPRegistration[nodeType] = replaced
-		}
-	}
-	replacedVJPs = nil
-	registered = false
-}
+func Unregister() { patch.Unregister() }
 
 // Registered reports whether this package's gradients are installed.
-func Registered() bool {
-	registrationMu.Lock()
-	defer registrationMu.Unlock()
-	return registered
-}
+func Registered() bool { return patch.Registered() }
 
-// withFallback returns the graph.VJP installed for a node type: build's gradients, or those of fallback (the
-// VJP it replaced) for the nodes build leaves alone.
-func withFallback(build func(node, v *graph.Node) ([]*graph.Node, bool), fallback graph.VJP) graph.VJP {
-	return func(node *graph.Node, outputVJPs []*graph.Node, outputShape shapes.Shape) []*graph.Node {
-		// Only gradients of scalars (outputShape is a scalar) are handled: Jacobians stack extra leading axes
-		// onto every VJP.
-		if len(outputVJPs) == 1 && outputVJPs[0] != nil && outputShape.IsScalar() &&
-			node.DType().IsFloat() && outputVJPs[0].Shape().Equal(node.Shape()) {
-			if gradients, ok := build(node, outputVJPs[0]); ok {
-				return gradients
-			}
-		}
-		if fallback == nil {
-			panic(fmt.Sprintf("convgrad: no gradient for %s node %s, and no VJP was registered for it before",
-				node.Type(), node))
-		}
-		return fallback(node, outputVJPs, outputShape)
+// withFallback returns the graph.VJP to install for a node type given the VJP it replaces, fallback:
+// build's gradients, or those of fallback for the nodes build leaves alone.
+func withFallback(build func(node, v *graph.Node) ([]*graph.Node, bool)) func(fallback graph.VJP) graph.VJP {
+	return func(fallback graph.VJP) graph.VJP {
+		return gomlxpatch.WithFallback("convgrad",
+			func(node *graph.Node, outputVJPs []*graph.Node, outputShape shapes.Shape) ([]*graph.Node, bool) {
+				// Only gradients of scalars (outputShape is a scalar) are handled: Jacobians stack extra
+				// leading axes onto every VJP.
+				if len(outputVJPs) != 1 || outputVJPs[0] == nil || !outputShape.IsScalar() ||
+					!node.DType().IsFloat() || !outputVJPs[0].Shape().Equal(node.Shape()) {
+					return nil, false
+				}
+				return build(node, outputVJPs[0])
+			}, fallback)
 	}
 }

@@ -22,7 +22,7 @@ func TestRegisterUnregister(t *testing.T) {
 	Unregister()
 	defer Unregister()
 	originals := map[graph.NodeType]uintptr{}
-	for nodeType := range vjpBuilders {
+	for nodeType := range patch.VJPs {
 		originals[nodeType] = vjpPointer(graph.VJPRegistration[nodeType])
 	}
 	require.False(t, Registered())
@@ -38,7 +38,7 @@ func TestRegisterUnregister(t *testing.T) {
 	require.True(t, Registered())
 	for nodeType, original := range originals {
 		assert.NotEqual(t, original, vjpPointer(graph.VJPRegistration[nodeType]), "%s", nodeType)
-		assert.Equal(t, original, vjpPointer(replacedVJPs[nodeType]), "%s", nodeType)
+		assert.Equal(t, original, vjpPointer(patch.Replaced(nodeType)), "%s", nodeType)
 	}
 
 	Unregister()

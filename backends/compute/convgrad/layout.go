@@ -7,20 +7,18 @@ import (
 	"sync"
 
 	"github.com/gomlx/gomlx/backends"
-	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
-// GoMLX (v0.26.0) keeps an op's static parameters in the unexported field graph.Node.inputs, an interface
-// holding a pointer to an op-specific struct: nodeInputsConvGeneral and nodeInputsReduceWindow here, with
-// the fields below. These names and kinds are everything this package relies on beyond GoMLX's public
-// API, and CheckCompatible verifies them. reflect may read unexported fields (Len, Index, Int) though not
-// hand them out as interfaces, which is all this needs.
+// GoMLX (v0.26.0) keeps a ConvGeneral's and a ReduceWindow's parameters in its node parameters (see
+// gomlxpatch) of types nodeInputsConvGeneral and nodeInputsReduceWindow, with the fields below. These names
+// and kinds are everything this package relies on beyond GoMLX's public API, and CheckCompatible verifies
+// them.
 const (
-	nodeInputsField = "inputs"
-
 	convGeneralInputsTypeName = "nodeInputsConvGeneral"
 	convAxesField             = "axes"
 	convStridesField          = "strides"
@@ -59,192 +57,57 @@ type poolParams struct {
 	paddings                                                  [][2]int
 }
 
-// graphPackagePath is the import path of GoMLX's graph package, where the parameter structs are declared.
-var graphPackagePath = reflect.TypeFor[graph.Node]().PkgPath()
-
 // readConvParams reads the parameters of a ConvGeneral node from GoMLX's unexported node inputs.
 func readConvParams(node *graph.Node) (convParams, error) {
-	r, err := newParamsReader(node, convGeneralInputsTypeName)
+	r, err := gomlxpatch.NewParamsReader(node, convGeneralInputsTypeName)
 	if err != nil {
 		return convParams{}, err
 	}
 	p := convParams{
-		axes:              r.convolveAxes(convAxesField),
-		strides:           r.ints(convStridesField),
-		paddings:          r.pairs(convPaddingsField),
-		inputDilations:    r.ints(convInputDilationsField),
-		kernelDilations:   r.ints(convKernelDilationsField),
-		channelGroupCount: r.int(convChannelGroupField),
-		batchGroupCount:   r.int(convBatchGroupField),
+		axes:              readConvolveAxes(r, convAxesField),
+		strides:           r.Ints(convStridesField),
+		paddings:          r.Pairs(convPaddingsField),
+		inputDilations:    r.Ints(convInputDilationsField),
+		kernelDilations:   r.Ints(convKernelDilationsField),
+		channelGroupCount: r.Int(convChannelGroupField),
+		batchGroupCount:   r.Int(convBatchGroupField),
 	}
-	return p, r.err
+	return p, r.Err
 }
 
 // readPoolParams reads the parameters of a ReduceWindow node from GoMLX's unexported node inputs.
 func readPoolParams(node *graph.Node) (poolParams, error) {
-	r, err := newParamsReader(node, reduceWindowInputsTypeName)
+	r, err := gomlxpatch.NewParamsReader(node, reduceWindowInputsTypeName)
 	if err != nil {
 		return poolParams{}, err
 	}
 	p := poolParams{
-		reduction:        backends.ReduceOpType(r.typedInt(poolReductionTypeField, reflect.TypeFor[backends.ReduceOpType]())),
-		windowDimensions: r.ints(poolWindowDimensionsField),
-		strides:          r.ints(poolStridesField),
-		baseDilations:    r.ints(poolBaseDilationsField),
-		windowDilations:  r.ints(poolWindowDilationsField),
-		paddings:         r.pairs(poolPaddingsField),
+		reduction:        backends.ReduceOpType(r.TypedInt(poolReductionTypeField, reflect.TypeFor[backends.ReduceOpType]())),
+		windowDimensions: r.Ints(poolWindowDimensionsField),
+		strides:          r.Ints(poolStridesField),
+		baseDilations:    r.Ints(poolBaseDilationsField),
+		windowDilations:  r.Ints(poolWindowDilationsField),
+		paddings:         r.Pairs(poolPaddingsField),
 	}
-	return p, r.err
+	return p, r.Err
 }
 
-// paramsReader reads fields of one node's parameter struct, keeping the first failure in err so that a
-// whole struct can be read before checking.
-type paramsReader struct {
-	params reflect.Value // The struct nodeInputs<Op>.
-	err    error
-}
-
-// newParamsReader returns a reader of node's parameter struct, which must be graph.<typeName>.
-func newParamsReader(node *graph.Node, typeName string) (*paramsReader, error) {
-	inputs := reflect.ValueOf(node).Elem().FieldByName(nodeInputsField)
-	if !inputs.IsValid() {
-		return nil, fmt.Errorf("graph.Node has no field %q", nodeInputsField)
-	}
-	if inputs.Kind() != reflect.Interface {
-		return nil, fmt.Errorf("graph.Node.%s is a %s, not an interface", nodeInputsField, inputs.Kind())
-	}
-	if inputs.IsNil() {
-		return nil, fmt.Errorf("graph.Node.%s of %s node is nil", nodeInputsField, node.Type())
-	}
-	params := inputs.Elem()
-	if params.Kind() != reflect.Pointer || params.IsNil() || params.Elem().Kind() != reflect.Struct {
-		return nil, fmt.Errorf("graph.Node.%s of %s node holds a %s, not a pointer to a struct",
-			nodeInputsField, node.Type(), params.Type())
-	}
-	params = params.Elem()
-	if params.Type().Name() != typeName || params.Type().PkgPath() != graphPackagePath {
-		return nil, fmt.Errorf("the parameters of %s node are a %s, not %s.%s",
-			node.Type(), params.Type(), graphPackagePath, typeName)
-	}
-	return &paramsReader{params: params}, nil
-}
-
-// field returns the named field of the struct if it is of the given kind, else records an error.
-func (r *paramsReader) field(name string, kind reflect.Kind) (reflect.Value, bool) {
-	if r.err != nil {
-		return reflect.Value{}, false
-	}
-	return fieldOf(r.params, name, kind, &r.err)
-}
-
-// fieldOf returns the named field of the struct value if it is of the given kind, else sets *err.
-func fieldOf(structValue reflect.Value, name string, kind reflect.Kind, err *error) (reflect.Value, bool) {
-	value := structValue.FieldByName(name)
-	if !value.IsValid() {
-		*err = fmt.Errorf("%s has no field %q", structValue.Type(), name)
-		return reflect.Value{}, false
-	}
-	if value.Kind() != kind {
-		*err = fmt.Errorf("%s.%s is a %s, not a %s", structValue.Type(), name, value.Type(), kind)
-		return reflect.Value{}, false
-	}
-	return value, true
-}
-
-func (r *paramsReader) int(name string) int {
-	return r.typedInt(name, reflect.TypeFor[int]())
-}
-
-// typedInt reads an integer field whose type must be exactly want (int, or a named int type).
-func (r *paramsReader) typedInt(name string, want reflect.Type) int {
-	value, ok := r.field(name, want.Kind())
-	if !ok {
-		return 0
-	}
-	if value.Type() != want {
-		r.err = fmt.Errorf("%s.%s is a %s, not a %s", r.params.Type(), name, value.Type(), want)
-		return 0
-	}
-	return int(value.Int())
-}
-
-// ints reads a []int field; a nil or empty slice reads as nil.
-func (r *paramsReader) ints(name string) []int {
-	value, ok := r.field(name, reflect.Slice)
-	if !ok {
-		return nil
-	}
-	if value.Type().Elem().Kind() != reflect.Int {
-		r.err = fmt.Errorf("%s.%s is a %s, not a []int", r.params.Type(), name, value.Type())
-		return nil
-	}
-	if value.Len() == 0 {
-		return nil
-	}
-	ints := make([]int, value.Len())
-	for i := range ints {
-		ints[i] = int(value.Index(i).Int())
-	}
-	return ints
-}
-
-// pairs reads a [][2]int field; a nil or empty slice reads as nil.
-func (r *paramsReader) pairs(name string) [][2]int {
-	value, ok := r.field(name, reflect.Slice)
-	if !ok {
-		return nil
-	}
-	if elem := value.Type().Elem(); elem.Kind() != reflect.Array || elem.Len() != 2 || elem.Elem().Kind() != reflect.Int {
-		r.err = fmt.Errorf("%s.%s is a %s, not a [][2]int", r.params.Type(), name, value.Type())
-		return nil
-	}
-	if value.Len() == 0 {
-		return nil
-	}
-	pairs := make([][2]int, value.Len())
-	for i := range pairs {
-		pairs[i] = [2]int{int(value.Index(i).Index(0).Int()), int(value.Index(i).Index(1).Int())}
-	}
-	return pairs
-}
-
-// convolveAxes reads a backends.ConvolveAxesConfig field, one exported field at a time since the value as a
-// whole cannot be taken out of an unexported field.
-func (r *paramsReader) convolveAxes(name string) backends.ConvolveAxesConfig {
-	value, ok := r.field(name, reflect.Struct)
-	if !ok {
-		return backends.ConvolveAxesConfig{}
-	}
-	if want := reflect.TypeFor[backends.ConvolveAxesConfig](); value.Type() != want {
-		r.err = fmt.Errorf("%s.%s is a %s, not a %s", r.params.Type(), name, value.Type(), want)
-		return backends.ConvolveAxesConfig{}
-	}
-	var axes backends.ConvolveAxesConfig
-	for _, target := range []struct {
-		field string
-		into  *int
-	}{
-		{"InputBatch", &axes.InputBatch}, {"InputChannels", &axes.InputChannels},
-		{"KernelInputChannels", &axes.KernelInputChannels}, {"KernelOutputChannels", &axes.KernelOutputChannels},
-		{"OutputBatch", &axes.OutputBatch}, {"OutputChannels", &axes.OutputChannels},
-	} {
-		if field, ok := fieldOf(value, target.field, reflect.Int, &r.err); ok {
-			*target.into = int(field.Int())
+// readConvolveAxes reads a backends.ConvolveAxesConfig field, one exported field at a time since the value
+// as a whole cannot be taken out of an unexported field.
+func readConvolveAxes(r *gomlxpatch.ParamsReader, name string) (axes backends.ConvolveAxesConfig) {
+	r.Struct(name, reflect.TypeFor[backends.ConvolveAxesConfig](), func(fields *gomlxpatch.ParamsReader) {
+		axes = backends.ConvolveAxesConfig{
+			InputBatch:           fields.Int("InputBatch"),
+			InputChannels:        fields.Int("InputChannels"),
+			InputSpatial:         fields.Ints("InputSpatial"),
+			KernelInputChannels:  fields.Int("KernelInputChannels"),
+			KernelOutputChannels: fields.Int("KernelOutputChannels"),
+			KernelSpatial:        fields.Ints("KernelSpatial"),
+			OutputBatch:          fields.Int("OutputBatch"),
+			OutputChannels:       fields.Int("OutputChannels"),
+			OutputSpatial:        fields.Ints("OutputSpatial"),
 		}
-	}
-	for _, target := range []struct {
-		field string
-		into  *[]int
-	}{
-		{"InputSpatial", &axes.InputSpatial}, {"KernelSpatial", &axes.KernelSpatial}, {"OutputSpatial", &axes.OutputSpatial},
-	} {
-		if field, ok := fieldOf(value, target.field, reflect.Slice, &r.err); ok {
-			*target.into = make([]int, field.Len())
-			for i := range *target.into {
-				(*target.into)[i] = int(field.Index(i).Int())
-			}
-		}
-	}
+	})
 	return axes
 }
 
@@ -260,25 +123,16 @@ var compatibility = sync.OnceValue(func() error { return probeCompatibility(read
 // probeCompatibility checks that readConv and readPool read back the parameters of freshly built nodes; the
 // readers are parameters so that a test can show a changed layout is caught.
 func probeCompatibility(readConv func(*graph.Node) (convParams, error),
-	readPool func(*graph.Node) (poolParams, error)) (err error) {
-	if field, ok := reflect.TypeFor[graph.Node]().FieldByName(nodeInputsField); !ok || field.Type.Kind() != reflect.Interface {
-		return fmt.Errorf("convgrad: graph.Node has no interface field %q holding node parameters", nodeInputsField)
-	}
+	readPool func(*graph.Node) (poolParams, error)) error {
+	return gomlxpatch.Probe("convgrad", "node parameters", func(g *graph.Graph) error {
+		return probeNodes(g, readConv, readPool)
+	})
+}
 
-	backend, err := simplego.New("")
-	if err != nil {
-		return fmt.Errorf("convgrad: creating the pure-Go backend to probe node parameters: %w", err)
-	}
-	defer backend.Finalize()
-	g := graph.NewGraph(backend, "convgrad_compatibility_probe")
-	defer g.Finalize()
-	defer func() {
-		// Graph building reports errors by panicking.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("convgrad: building the compatibility probe: %v", r)
-		}
-	}()
-
+// probeNodes builds a ConvGeneral and a ReduceWindow in g and checks that readConv and readPool read their
+// parameters back.
+func probeNodes(g *graph.Graph, readConv func(*graph.Node) (convParams, error),
+	readPool func(*graph.Node) (poolParams, error)) error {
 	// A channels-first 2D convolution with every parameter distinct from its default and from the others.
 	wantConv := convParams{
 		axes: backends.ConvolveAxesConfig{

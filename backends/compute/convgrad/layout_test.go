@@ -11,6 +11,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
 func TestCheckCompatible(t *testing.T) {
@@ -26,12 +28,12 @@ func TestProbeDetectsChangedLayout(t *testing.T) {
 		return p, err
 	}
 	renamedConv := func(node *graph.Node) (convParams, error) {
-		r, err := newParamsReader(node, convGeneralInputsTypeName)
+		r, err := gomlxpatch.NewParamsReader(node, convGeneralInputsTypeName)
 		if err != nil {
 			return convParams{}, err
 		}
-		p := convParams{strides: r.ints("windowStrides")}
-		return p, r.err
+		p := convParams{strides: r.Ints("windowStrides")}
+		return p, r.Err
 	}
 	swappedPool := func(node *graph.Node) (poolParams, error) {
 		p, err := readPoolParams(node)
@@ -39,12 +41,12 @@ func TestProbeDetectsChangedLayout(t *testing.T) {
 		return p, err
 	}
 	retypedPool := func(node *graph.Node) (poolParams, error) {
-		r, err := newParamsReader(node, reduceWindowInputsTypeName)
+		r, err := gomlxpatch.NewParamsReader(node, reduceWindowInputsTypeName)
 		if err != nil {
 			return poolParams{}, err
 		}
-		p := poolParams{reduction: backends.ReduceOpType(r.typedInt(poolReductionTypeField, reflect.TypeFor[int]()))}
-		return p, r.err
+		p := poolParams{reduction: backends.ReduceOpType(r.TypedInt(poolReductionTypeField, reflect.TypeFor[int]()))}
+		return p, r.Err
 	}
 	for _, c := range []struct {
 		name     string
@@ -82,20 +84,20 @@ func TestParamsReaderRejectsWrongKinds(t *testing.T) {
 	value := reflect.ValueOf(lookAlike{})
 	for _, c := range []struct {
 		name    string
-		read    func(r *paramsReader)
+		read    func(r *gomlxpatch.ParamsReader)
 		wantErr string
 	}{
-		{"ints", func(r *paramsReader) { r.ints("strides") }, "not a []int"},
-		{"pairs", func(r *paramsReader) { r.pairs("paddings") }, "not a [][2]int"},
-		{"axes", func(r *paramsReader) { r.convolveAxes("axes") }, "not a backends.ConvolveAxesConfig"},
-		{"int", func(r *paramsReader) { r.int("count") }, "not a int"},
-		{"missing", func(r *paramsReader) { r.ints("dilations") }, `no field "dilations"`},
+		{"ints", func(r *gomlxpatch.ParamsReader) { r.Ints("strides") }, "not a []int"},
+		{"pairs", func(r *gomlxpatch.ParamsReader) { r.Pairs("paddings") }, "not a [][2]int"},
+		{"axes", func(r *gomlxpatch.ParamsReader) { readConvolveAxes(r, "axes") }, "not a backends.ConvolveAxesConfig"},
+		{"int", func(r *gomlxpatch.ParamsReader) { r.Int("count") }, "not a int"},
+		{"missing", func(r *gomlxpatch.ParamsReader) { r.Ints("dilations") }, `no field "dilations"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := &paramsReader{params: value}
+			r := &gomlxpatch.ParamsReader{Params: value}
 			c.read(r)
-			require.Error(t, r.err)
-			assert.Contains(t, r.err.Error(), c.wantErr)
+			require.Error(t, r.Err)
+			assert.Contains(t, r.Err.Error(), c.wantErr)
 		})
 	}
 }

@@ -21,24 +21,20 @@
 package gemmgrad
 
 import (
-	"fmt"
-	"sync"
-
 	"github.com/gomlx/gomlx/pkg/core/graph"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
-var (
-	// registrationMu serialises Register and Unregister, and guards the variables below.
-	registrationMu sync.Mutex
-	// registered tells whether our VJPs are installed in graph.VJPRegistration.
-	registered bool
-	// replacedVJPs holds the VJPs that Register replaced (GoMLX's own, unless someone else patched them
-	// first), for Unregister to restore and for our VJPs to fall back on.
-	replacedVJPs map[graph.NodeType]graph.VJP
-)
-
-// patchedNodeTypes are the node types whose gradients this package builds.
-var patchedNodeTypes = []graph.NodeType{graph.NodeTypeDot, graph.NodeTypeDotGeneral}
+// patch installs gemmVJP for the node types whose gradients this package builds.
+var patch = gomlxpatch.VJPPatch{
+	Name:  "gemmgrad",
+	Check: CheckCompatible,
+	VJPs: map[graph.NodeType]func(replaced graph.VJP) graph.VJP{
+		graph.NodeTypeDot:        gemmVJP,
+		graph.NodeTypeDotGeneral: gemmVJP,
+	},
+}
 
 // Register installs the gemm-based gradients of Dot and DotGeneral into graph.VJPRegistration, remembering
 // the VJPs it replaces. It is idempotent and safe for concurrent callers, but must not run while graphs
@@ -47,47 +43,12 @@ var patchedNodeTypes = []graph.NodeType{graph.NodeTypeDot, graph.NodeTypeDotGene
 //
 // Register panics if CheckCompatible fails: the GoMLX in use no longer stores the DotGeneral axes the way
 // this package reads them, and carrying on could only mean wrong gradients or none.
-func Register() {
-	registrationMu.Lock()
-	defer registrationMu.Unlock()
-	if registered {
-		return
-	}
-	if err := CheckCompatible(); err != nil {
-		panic(fmt.Sprintf("gemmgrad.Register: %v", err))
-	}
-	replacedVJPs = make(map[graph.NodeType]graph.VJP, len(patchedNodeTypes))
-	for _, nodeType := range patchedNodeTypes {
-		replaced := graph.VJPRegistration[nodeType]
-		replacedVJPs[nodeType] = replaced
-		graph.VJPRegistration[nodeType] = gemmVJP(replaced)
-	}
-	registered = true
-}
+func Register() { patch.Register() }
 
 // Unregister restores the VJPs that Register replaced, so graphs built afterwards differentiate Dot and
 // DotGeneral as GoMLX ships them. It is a no-op when not registered. Graphs already built keep the
 // gradients they were built with.
-func Unregister() {
-	registrationMu.Lock()
-	defer registrationMu.Unlock()
-	if !registered {
-		return
-	}
-	for nodeType, replaced := range replacedVJPs {
-		if replaced == nil {
-			delete(graph.VJPRegistration, nodeType)
-		} else {
-			graph.VJPRegistration[nodeType] = replaced
-		}
-	}
-	replacedVJPs = nil
-	registered = false
-}
+func Unregister() { patch.Unregister() }
 
 // Registered reports whether the gemm-based gradients are installed.
-func Registered() bool {
-	registrationMu.Lock()
-	defer registrationMu.Unlock()
-	return registered
-}
+func Registered() bool { return patch.Registered() }

@@ -203,8 +203,8 @@ func TestRegisterUnregister(t *testing.T) {
 		require.True(t, Registered())
 		assert.NotEqual(t, funcPointer(shippedDot), funcPointer(graph.VJPRegistration[graph.NodeTypeDot]))
 		assert.NotEqual(t, funcPointer(shippedDotGeneral), funcPointer(graph.VJPRegistration[graph.NodeTypeDotGeneral]))
-		assert.Equal(t, funcPointer(shippedDot), funcPointer(replacedVJPs[graph.NodeTypeDot]))
-		assert.Equal(t, funcPointer(shippedDotGeneral), funcPointer(replacedVJPs[graph.NodeTypeDotGeneral]))
+		assert.Equal(t, funcPointer(shippedDot), funcPointer(patch.Replaced(graph.NodeTypeDot)))
+		assert.Equal(t, funcPointer(shippedDotGeneral), funcPointer(patch.Replaced(graph.NodeTypeDotGeneral)))
 
 		Unregister()
 		Unregister()
@@ -231,7 +231,7 @@ func TestRegisterConcurrently(t *testing.T) {
 		}
 		require.True(t, Registered())
 		// A Register that ran twice would have remembered our own VJP as the one to restore.
-		assert.Equal(t, funcPointer(shippedDot), funcPointer(replacedVJPs[graph.NodeTypeDot]))
+		assert.Equal(t, funcPointer(shippedDot), funcPointer(patch.Replaced(graph.NodeTypeDot)))
 		Unregister()
 		assert.Equal(t, funcPointer(shippedDot), funcPointer(graph.VJPRegistration[graph.NodeTypeDot]))
 	})

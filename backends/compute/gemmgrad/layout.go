@@ -2,23 +2,20 @@ package gemmgrad
 
 import (
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 
-	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
-// GoMLX (v0.26.0) keeps an op's static parameters in the unexported field graph.Node.inputs, an interface
-// holding a pointer to an op-specific struct; for DotGeneral that struct is nodeInputsDotGeneral, with the
-// axes below as []int. These names are everything this package relies on beyond GoMLX's public API, and
-// CheckCompatible verifies them. reflect may read unexported fields (Len, Index, Int) though not hand them
-// out as interfaces, which is all this needs.
+// GoMLX (v0.26.0) keeps a DotGeneral's axes, as []int, in its node parameters (see gomlxpatch) of type
+// nodeInputsDotGeneral with the fields below. These names are everything this package relies on beyond
+// GoMLX's public API, and CheckCompatible verifies them.
 const (
-	nodeInputsField          = "inputs"
 	dotGeneralInputsTypeName = "nodeInputsDotGeneral"
 	lhsContractingAxesField  = "lhsContractingAxes"
 	lhsBatchAxesField        = "lhsBatchAxes"
@@ -34,55 +31,21 @@ type dotAxes struct {
 
 // readDotGeneralAxes reads the axes of a DotGeneral node from GoMLX's unexported node parameters.
 func readDotGeneralAxes(node *graph.Node) (dotAxes, error) {
-	inputs := reflect.ValueOf(node).Elem().FieldByName(nodeInputsField)
-	if !inputs.IsValid() {
-		return dotAxes{}, fmt.Errorf("graph.Node has no field %q", nodeInputsField)
+	r, err := gomlxpatch.NewParamsReader(node, dotGeneralInputsTypeName)
+	if err != nil {
+		return dotAxes{}, err
 	}
-	if inputs.Kind() != reflect.Interface {
-		return dotAxes{}, fmt.Errorf("graph.Node.%s is a %s, not an interface", nodeInputsField, inputs.Kind())
+	axes := dotAxes{
+		lhsContracting: r.Ints(lhsContractingAxesField),
+		lhsBatch:       r.Ints(lhsBatchAxesField),
+		rhsContracting: r.Ints(rhsContractingAxesField),
+		rhsBatch:       r.Ints(rhsBatchAxesField),
 	}
-	if inputs.IsNil() {
-		return dotAxes{}, fmt.Errorf("graph.Node.%s of %s node is nil", nodeInputsField, node.Type())
-	}
-	params := inputs.Elem()
-	if params.Kind() != reflect.Pointer || params.IsNil() || params.Elem().Kind() != reflect.Struct {
-		return dotAxes{}, fmt.Errorf("graph.Node.%s of %s node holds a %s, not a pointer to a struct",
-			nodeInputsField, node.Type(), params.Type())
-	}
-	params = params.Elem()
-	if params.Type().Name() != dotGeneralInputsTypeName || params.Type().PkgPath() != graphPackagePath {
-		return dotAxes{}, fmt.Errorf("the parameters of %s node are a %s, not %s.%s",
-			node.Type(), params.Type(), graphPackagePath, dotGeneralInputsTypeName)
-	}
-
-	var axes dotAxes
-	for _, target := range []struct {
-		field string
-		into  *[]int
-	}{
-		{lhsContractingAxesField, &axes.lhsContracting},
-		{lhsBatchAxesField, &axes.lhsBatch},
-		{rhsContractingAxesField, &axes.rhsContracting},
-		{rhsBatchAxesField, &axes.rhsBatch},
-	} {
-		field, into := target.field, target.into
-		values := params.FieldByName(field)
-		if !values.IsValid() {
-			return dotAxes{}, fmt.Errorf("%s has no field %q", params.Type(), field)
-		}
-		if values.Kind() != reflect.Slice || values.Type().Elem().Kind() != reflect.Int {
-			return dotAxes{}, fmt.Errorf("%s.%s is a %s, not a []int", params.Type(), field, values.Type())
-		}
-		*into = make([]int, values.Len())
-		for i := range *into {
-			(*into)[i] = int(values.Index(i).Int())
-		}
+	if r.Err != nil {
+		return dotAxes{}, r.Err
 	}
 	return axes, nil
 }
-
-// graphPackagePath is the import path of GoMLX's graph package, where nodeInputsDotGeneral is declared.
-var graphPackagePath = reflect.TypeFor[graph.Node]().PkgPath()
 
 // validate checks that the axes describe a DotGeneral of operands shaped lhs and rhs into output: axes in
 // range and used once per operand, paired axes of equal dimension, and output laid out
@@ -145,28 +108,12 @@ func (a dotAxes) validate(lhs, rhs, output shapes.Shape) error {
 // computed once per process; Register panics with it.
 func CheckCompatible() error { return compatibility() }
 
-var compatibility = sync.OnceValue(probeCompatibility)
+var compatibility = sync.OnceValue(func() error {
+	return gomlxpatch.Probe("gemmgrad", "the DotGeneral axes", probeDotGeneral)
+})
 
-func probeCompatibility() (err error) {
-	defer func() {
-		// Graph building reports errors by panicking.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("gemmgrad: building the compatibility probe: %v", r)
-		}
-	}()
-	field, ok := reflect.TypeFor[graph.Node]().FieldByName(nodeInputsField)
-	if !ok || field.Type.Kind() != reflect.Interface {
-		return fmt.Errorf("gemmgrad: graph.Node has no interface field %q holding the DotGeneral axes", nodeInputsField)
-	}
-
-	backend, err := simplego.New("")
-	if err != nil {
-		return fmt.Errorf("gemmgrad: creating the pure-Go backend to probe DotGeneral nodes: %w", err)
-	}
-	defer backend.Finalize()
-	g := graph.NewGraph(backend, "gemmgrad_compatibility_probe")
-	defer g.Finalize()
-
+// probeDotGeneral builds a DotGeneral and a Dot in g and checks how they read back.
+func probeDotGeneral(g *graph.Graph) error {
 	want := dotAxes{lhsContracting: []int{3, 1}, lhsBatch: []int{2}, rhsContracting: []int{0, 3}, rhsBatch: []int{1}}
 	lhs := graph.Parameter(g, "lhs", shapes.Make(dtypes.Float32, 2, 3, 4, 5))
 	rhs := graph.Parameter(g, "rhs", shapes.Make(dtypes.Float32, 5, 4, 6, 3))

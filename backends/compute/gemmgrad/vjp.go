@@ -6,21 +6,17 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
 // gemmVJP returns the graph.VJP installed for Dot and DotGeneral nodes. Nodes that gemmGradients does not
 // handle go to fallback, the VJP it replaces.
 func gemmVJP(fallback graph.VJP) graph.VJP {
-	return func(node *graph.Node, outputVJPs []*graph.Node, outputShape shapes.Shape) []*graph.Node {
-		if gradients, ok := gemmGradients(node, outputVJPs); ok {
-			return gradients
-		}
-		if fallback == nil {
-			panic(fmt.Sprintf("gemmgrad: no gradient for %s node %s, and no VJP was registered for it before",
-				node.Type(), node))
-		}
-		return fallback(node, outputVJPs, outputShape)
-	}
+	return gomlxpatch.WithFallback("gemmgrad",
+		func(node *graph.Node, outputVJPs []*graph.Node, _ shapes.Shape) ([]*graph.Node, bool) {
+			return gemmGradients(node, outputVJPs)
+		}, fallback)
 }
 
 // gemmGradients returns the gradients of node's operands (a Dot or DotGeneral node) given outputVJPs, the
