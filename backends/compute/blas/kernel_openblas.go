@@ -5,28 +5,73 @@ package blas
 /*
 #cgo pkg-config: openblas
 #include <stddef.h>
+#include <pthread.h>
 #include <cblas.h>
+
+// Below about 64 MFLOP a second OpenBLAS thread costs more in wake-up and hand-over than it saves
+// (measured: a 64×784×128 product runs at ~63 GFLOP/s on one thread and ~22 on two; a 256×512×512 one
+// gains ~1.9× from two), and on a busy node a helper thread that is not scheduled at once stalls the
+// caller. So small products run on one thread and only large ones use the rank's whole budget.
+#define GOACCEL_PARALLEL_FLOPS (64.0 * 1024 * 1024)
+
+static int goaccel_max_threads = 1;     // the rank's budget, set by set_max_threads
+static int goaccel_current_threads = 1; // what OpenBLAS was last told
+// OpenBLAS's thread count is process-wide: changing it and calling gemm must not interleave with another
+// goroutine doing the same.
+static pthread_mutex_t goaccel_threads_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void set_max_threads(int threads) {
+	pthread_mutex_lock(&goaccel_threads_mu);
+	goaccel_max_threads = threads;
+	openblas_set_num_threads(threads); // starts the threads now, not on the first large product
+	goaccel_current_threads = threads;
+	pthread_mutex_unlock(&goaccel_threads_mu);
+}
+
+static int max_threads(void) { return goaccel_max_threads; }
+
+// init_threads starts from what OpenBLAS chose when it loaded (OPENBLAS_NUM_THREADS, else the cores).
+static void init_threads(void) {
+	pthread_mutex_lock(&goaccel_threads_mu);
+	goaccel_max_threads = goaccel_current_threads = openblas_get_num_threads();
+	pthread_mutex_unlock(&goaccel_threads_mu);
+}
+
+static void use_threads_for(int batch, int m, int n, int k) {
+	double flops = 2.0 * batch * m * n * k;
+	int want = flops >= GOACCEL_PARALLEL_FLOPS ? goaccel_max_threads : 1;
+	if (want != goaccel_current_threads) {
+		openblas_set_num_threads(want);
+		goaccel_current_threads = want;
+	}
+}
 
 // The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item.
 
 static void sgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
 		const float *a, const float *b, float *c) {
+	pthread_mutex_lock(&goaccel_threads_mu);
+	use_threads_for(batch, m, n, k);
 	const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
 	for (int i = 0; i < batch; i++) {
 		cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
 			m, n, k, 1.0f, a + i * stride_a, lda, b + i * stride_b, ldb, 0.0f, c + i * stride_c, n);
 	}
+	pthread_mutex_unlock(&goaccel_threads_mu);
 }
 
 static void dgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
 		const double *a, const double *b, double *c) {
+	pthread_mutex_lock(&goaccel_threads_mu);
+	use_threads_for(batch, m, n, k);
 	const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
 	for (int i = 0; i < batch; i++) {
 		cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
 			m, n, k, 1.0, a + i * stride_a, lda, b + i * stride_b, ldb, 0.0, c + i * stride_c, n);
 	}
+	pthread_mutex_unlock(&goaccel_threads_mu);
 }
 */
 import "C"
@@ -56,10 +101,13 @@ func kernelDescription() string {
 		threads, unit)
 }
 
-// setKernelThreads sets OpenBLAS's thread count; OPENBLAS_NUM_THREADS only applies when the library loads.
-func setKernelThreads(threads int) { C.openblas_set_num_threads(C.int(threads)) }
+func init() { C.init_threads() }
 
-func kernelThreads() int { return int(C.openblas_get_num_threads()) }
+// setKernelThreads sets the rank's OpenBLAS thread budget (large products use all of it, small ones one
+// thread); OPENBLAS_NUM_THREADS only applies when the library loads.
+func setKernelThreads(threads int) { C.set_max_threads(C.int(threads)) }
+
+func kernelThreads() int { return int(C.max_threads()) }
 
 func cbool(b bool) C.int {
 	if b {
