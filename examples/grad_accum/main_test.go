@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"image/png"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -180,7 +181,8 @@ func TestBadFlags(t *testing.T) {
 	}{
 		{[]string{"-k", "0"}, "-k"},
 		{[]string{"-batch", "0"}, "-batch"},
-		{[]string{"-epochs", "0"}, "-epochs"},
+		{[]string{"-epochs", "-1"}, "-epochs"},
+		{[]string{"-model", "rnn"}, "-model"},
 		{[]string{"-lr", "0"}, "-lr"},
 		{[]string{"-lr", "NaN"}, "-lr"},
 		{[]string{"-hidden", "-3"}, "-hidden"},
@@ -235,4 +237,21 @@ func TestDivergedRunFails(t *testing.T) {
 	assert.Equal(t, exitError, code, "stdout: %s\nstderr: %s", stdout, stderr)
 	assert.Contains(t, stderr, "training diverged")
 	assert.Contains(t, lastLine(stdout), `"final_loss":null`)
+}
+
+// TestModelDefaults: each model has its own default number of epochs; an explicit -epochs wins.
+func TestModelDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		wantEpochs int
+	}{
+		{nil, 3},
+		{[]string{"-model", "mlp"}, 3},
+		{[]string{"-model", "cnn"}, 5},
+		{[]string{"-model", "cnn", "-epochs", "2"}, 2},
+	} {
+		cfg, err := parseFlags(tc.args, io.Discard)
+		require.NoError(t, err, "%v", tc.args)
+		assert.Equal(t, tc.wantEpochs, cfg.epochs, "%v", tc.args)
+	}
 }
