@@ -13,38 +13,34 @@ import (
 	"github.com/goaccel/goaccel/prepare"
 )
 
-// TrainConfig is a training workload: a model, a per-rank micro-batch size and K micro-batches per
+// trainConfig is a training workload: a model, a per-rank micro-batch size and K micro-batches per
 // optimizer step.
-type TrainConfig struct {
-	// Name identifies the workload in benchmark names ("mlp", "bow").
-	Name  string `json:"name"`
-	Model MLP    `json:"model"`
-	Batch int    `json:"batch"`
-	K     int    `json:"k"`
+type trainConfig struct {
+	Name  string // in benchmark names: "mlp", "bow"
+	Model mlp
+	Batch int
+	K     int
 }
 
-// AccumulationResult compares, for one world size, gradient accumulation (one sync every K micro-batches)
-// with syncing every micro-batch. Every sample is the time of K micro-batches: one optimizer step of the
-// accumulating run.
-type AccumulationResult struct {
-	Ranks  int         `json:"ranks"`
-	Config TrainConfig `json:"config"`
-	// Accumulate syncs once per K micro-batches (accel.Accumulate with WithGradientAccumulationSteps(K)).
-	Accumulate Series `json:"accumulate"`
-	// SyncEveryMicroBatch is the same loop with the gradients all-reduced after every micro-batch and the
-	// optimizer still stepping once per K, what DDP does without no_sync: the K−1 extra all-reduces are
-	// issued on buffers shaped like the model's buckets, through the model's own bucket plan.
-	SyncEveryMicroBatch Series `json:"sync_every_micro_batch"`
-	// SyncEachBatch is goaccel's WithSyncEachBatch: every micro-batch syncs, and (by goaccel's rule that
-	// the optimizer steps on every sync) steps the optimizer too, so it also pays K−1 extra updates.
-	SyncEachBatch Series `json:"sync_each_batch"`
-	// Per optimizer step of the accumulating run (K micro-batches), by variant name: collective calls
-	// and bytes of all-reduce.
-	Calls map[string]float64 `json:"calls"`
-	Bytes map[string]float64 `json:"bytes"`
+// accumulationResult compares, for one world size and workload, gradient accumulation (one sync every K
+// micro-batches) with syncing every micro-batch. Every sample is the time of K micro-batches: one
+// optimizer step of the accumulating loop. Each series' Extra holds the all-reduce calls and bytes per
+// step, read from the Communicator's counters.
+type accumulationResult struct {
+	Ranks  int
+	Config trainConfig
+	// Accumulate syncs once per K micro-batches. SyncEveryMicroBatch is the same loop plus an all-reduce of
+	// the model's bucket layout after each micro-batch that does not sync, as DDP without no_sync.
+	// SyncEachBatch is goaccel's WithSyncEachBatch, which also steps the optimizer on every micro-batch.
+	Accumulate, SyncEveryMicroBatch, SyncEachBatch series
 }
 
-// trainer is one prepared training loop.
+const (
+	callsUnit = "allreduce-calls/op"
+	bytesUnit = "allreduce-B/op"
+)
+
+// trainer is one prepared goaccel training loop over a few synthetic batches.
 type trainer struct {
 	acc     *accel.Accelerator
 	model   *prepare.Model
@@ -55,14 +51,14 @@ type trainer struct {
 	extraSync func() error
 }
 
-func newTrainer(cfg TrainConfig, seed uint64, opts ...accel.Option) (*trainer, error) {
+func newTrainer(cfg trainConfig, seed uint64, opts ...accel.Option) (*trainer, error) {
 	opts = append([]accel.Option{accel.WithBackend("go"), accel.WithGradientAccumulationSteps(cfg.K),
 		accel.WithOutput(io.Discard)}, opts...)
 	acc, err := accel.New(opts...)
 	if err != nil {
 		return nil, err
 	}
-	model, err := acc.PrepareModel(context.New(), cfg.Model.Model, Loss)
+	model, err := acc.PrepareModel(context.New(), cfg.Model.modelFn, loss)
 	if err != nil {
 		return nil, err
 	}
@@ -70,21 +66,21 @@ func newTrainer(cfg TrainConfig, seed uint64, opts ...accel.Option) (*trainer, e
 	if err != nil {
 		return nil, err
 	}
-	// A few distinct batches, reused: the data pipeline is not what is measured, and every rank gets its own.
-	batches := cfg.Model.Batches(2*cfg.K, cfg.Batch, seed)
+	// A few distinct batches, reused: the data pipeline is not what is measured.
+	batches := cfg.Model.batches(2*cfg.K, cfg.Batch, seed)
 	if err := model.Materialize(batches[0]); err != nil {
 		return nil, err
 	}
 	return &trainer{acc: acc, model: model, opt: opt, batches: batches}, nil
 }
 
-// newSGD is the optimizer every training measurement uses: plain SGD, whose update is cheap, so the
+// newSGD is the optimizer of every training measurement: plain SGD, whose update is cheap, so the
 // measurements are about the loop rather than the optimizer.
 func newSGD() optimizers.Interface {
 	return optimizers.StochasticGradientDescent().WithDecay(false).WithLearningRate(0.01)
 }
 
-// microBatch is the user's loop body, as in DESIGN §3.
+// microBatch is the user's loop body, as in the package examples.
 func (t *trainer) microBatch() error {
 	batch := t.batches[t.next%len(t.batches)]
 	t.next++
@@ -100,8 +96,7 @@ func (t *trainer) microBatch() error {
 		if _, err := t.opt.Step(); err != nil {
 			return err
 		}
-		err := t.opt.ZeroGrad()
-		return err
+		return t.opt.ZeroGrad()
 	})
 }
 
@@ -115,76 +110,60 @@ func (t *trainer) steps(n int) error {
 	return nil
 }
 
-// close releases the Accelerator. Over a borrowed communicator (WithCommunicator, as every trainer here
-// uses) there is nothing that can fail to close.
+// close releases the Accelerator: over a borrowed communicator nothing can fail to close.
 func (t *trainer) close() { _ = t.acc.Close() }
 
-// MeasureAccumulation compares accumulating K micro-batches per sync with syncing every micro-batch, on
-// real GoMLX training steps over comm (every variant shares it, so counters are read as differences).
-// Collective.
-func MeasureAccumulation(comm *backends.Communicator, barrier func() error, cfg TrainConfig, t Timing) (AccumulationResult, error) {
-	res := AccumulationResult{Ranks: comm.Size(), Config: cfg, Calls: map[string]float64{}, Bytes: map[string]float64{}}
+// measureAccumulation compares accumulating K micro-batches per sync with syncing every micro-batch, on
+// real GoMLX training steps over comm. Collective.
+func measureAccumulation(comm *backends.Communicator, barrier func() error, cfg trainConfig, t timing) (accumulationResult, error) {
+	res := accumulationResult{Ranks: comm.Size(), Config: cfg}
 	seed := uint64(comm.Rank() + 1)
-	accumulating, err := newTrainer(cfg, seed, accel.WithCommunicator(comm))
-	if err != nil {
-		return res, err
+	names := []string{"accumulate", "sync-every-micro-batch", "sync-each-batch"}
+	loops := make([]*trainer, len(names))
+	for i, name := range names {
+		opts := []accel.Option{accel.WithCommunicator(comm)}
+		if name == "sync-each-batch" {
+			opts = append(opts, accel.WithSyncEachBatch())
+		}
+		tr, err := newTrainer(cfg, seed, opts...)
+		if err != nil {
+			return res, err
+		}
+		defer tr.close()
+		loops[i] = tr
 	}
-	defer accumulating.close()
-	everyMicro, err := newTrainer(cfg, seed, accel.WithCommunicator(comm))
-	if err != nil {
-		return res, err
-	}
-	defer everyMicro.close()
-	// Buffers shaped like the model's buckets, all-reduced by a Reducer over the model's own plan: the
-	// communication of a sync without touching the real accumulators, whose sum must stay this rank's.
-	scratch, err := bucketsFor(everyMicro.model.Plan())
+	// The extra syncs all-reduce buffers shaped like the model's buckets, through the model's own plan:
+	// the communication of a sync without touching the real accumulators, whose sum must stay this rank's.
+	scratch, err := bucketsFor(loops[1].model.Plan())
 	if err != nil {
 		return res, err
 	}
 	scratchReducer := accumulate.NewReducer(comm, scratch.plan)
-	everyMicro.extraSync = func() error { return scratchReducer.Sync(scratch.tensors) }
-	eachBatch, err := newTrainer(cfg, seed, accel.WithCommunicator(comm), accel.WithSyncEachBatch())
-	if err != nil {
-		return res, err
-	}
-	defer eachBatch.close()
+	loops[1].extraSync = func() error { return scratchReducer.Sync(scratch.tensors) }
 
-	name := func(variant string) string {
-		return fmt.Sprintf("Accumulation/%s/k=%d/ranks=%d", variant, cfg.K, comm.Size())
+	counts := make([][2]float64, len(loops)) // per variant: all-reduce calls and bytes per step
+	var variants []variant
+	for i, name := range names {
+		variants = append(variants, variant{
+			fmt.Sprintf("Accumulation/model=%s/%s/k=%d/ranks=%d", cfg.Name, name, cfg.K, comm.Size()),
+			func(iters int) error {
+				before := comm.Stats().Of(backends.OpAllReduce)
+				if err := loops[i].steps(iters); err != nil {
+					return err
+				}
+				after := comm.Stats().Of(backends.OpAllReduce)
+				counts[i] = [2]float64{float64(after.Calls-before.Calls) / float64(iters),
+					float64(after.Bytes-before.Bytes) / float64(iters)}
+				return nil
+			}})
 	}
-	variants := []struct {
-		name string
-		t    *trainer
-	}{
-		{name("accumulate"), accumulating},
-		{name("sync-every-micro-batch"), everyMicro},
-		{name("sync-each-batch"), eachBatch},
-	}
-	counted := map[string]*[2]float64{} // name → calls, bytes
-	var measured []Variant
-	for _, v := range variants {
-		c := &[2]float64{}
-		counted[v.name] = c
-		measured = append(measured, Variant{Name: v.name, Run: func(iters int) error {
-			before := comm.Stats().Of(backends.OpAllReduce)
-			if err := v.t.steps(iters); err != nil {
-				return err
-			}
-			after := comm.Stats().Of(backends.OpAllReduce)
-			c[0] = float64(after.Calls-before.Calls) / float64(iters)
-			c[1] = float64(after.Bytes-before.Bytes) / float64(iters)
-			return nil
-		}})
-	}
-	series, err := Group{Comm: comm, Barrier: barrier, Timing: t}.Measure(measured...)
+	s, err := group{comm: comm, barrier: barrier, timing: t}.measure(variants...)
 	if err != nil {
 		return res, fmt.Errorf("accumulation: %w", err)
 	}
-	for i := range series {
-		c := counted[series[i].Name]
-		res.Calls[series[i].Name], res.Bytes[series[i].Name] = c[0], c[1]
-		series[i].Extra = map[string]float64{"allreduce-calls/op": c[0], "allreduce-B/op": c[1]}
+	for i := range s {
+		s[i].Extra = map[string]float64{callsUnit: counts[i][0], bytesUnit: counts[i][1]}
 	}
-	res.Accumulate, res.SyncEveryMicroBatch, res.SyncEachBatch = series[0], series[1], series[2]
+	res.Accumulate, res.SyncEveryMicroBatch, res.SyncEachBatch = s[0], s[1], s[2]
 	return res, nil
 }

@@ -10,11 +10,11 @@ import (
 )
 
 // The testing.B benchmarks cover what needs no MPI: the Reducer over goaccel's in-process engine (N
-// goroutine ranks sharing memory) and the single-process training loops of §4. Run them with
+// goroutine ranks sharing memory) and the single-process training loops of section 4. Run them with
 //
 //	go test ./bench -run '^$' -bench . -count 10 | tee new.txt && benchstat new.txt
 //
-// and profile the loop with -cpuprofile (see docs/benchmarks.md, §4).
+// and profile the loop with -cpuprofile (see docs/benchmarks-method.md).
 
 // BenchmarkReducerInProcess syncs the bucketing model's gradients across in-process ranks for several
 // bucket caps. It measures goaccel's own work per sync (planning is done once; buffers are reused) with
@@ -22,7 +22,7 @@ import (
 func BenchmarkReducerInProcess(b *testing.B) {
 	model := deepMLP()
 	for _, ranks := range []int{2, 4} {
-		for _, capBytes := range []int64{1 << 20, DefaultBucketCapBytes} {
+		for _, capBytes := range []int64{1 << 20, defaultBucketCapBytes} {
 			b.Run(fmt.Sprintf("ranks=%d/cap=%s", ranks, formatBytes(capBytes)), func(b *testing.B) {
 				benchmarkReducer(b, model, ranks, capBytes)
 			})
@@ -30,7 +30,7 @@ func BenchmarkReducerInProcess(b *testing.B) {
 	}
 }
 
-func benchmarkReducer(b *testing.B, model MLP, ranks int, capBytes int64) {
+func benchmarkReducer(b *testing.B, m mlp, ranks int, capBytes int64) {
 	comms, err := backends.NewInProcessGroup(ranks)
 	if err != nil {
 		b.Fatal(err)
@@ -38,12 +38,12 @@ func benchmarkReducer(b *testing.B, model MLP, ranks int, capBytes int64) {
 	sets := make([]*bucketSet, ranks)
 	reducers := make([]*accumulate.Reducer, ranks)
 	for r := range ranks {
-		if sets[r], err = newBucketSet(model.Params(), 0, capBytes); err != nil {
+		if sets[r], err = newBucketSet(m.params(), 0, capBytes); err != nil {
 			b.Fatal(err)
 		}
 		reducers[r] = accumulate.NewReducer(comms[r], sets[r].plan)
 	}
-	b.SetBytes(model.Bytes())
+	b.SetBytes(m.bytes())
 	b.ResetTimer()
 	// Each rank is a goroutine, as in-process ranks must be; b.N syncs on every rank.
 	var wg sync.WaitGroup
@@ -66,11 +66,11 @@ func benchmarkReducer(b *testing.B, model MLP, ranks int, capBytes int64) {
 	}
 }
 
-// BenchmarkTrainStep is §4 as a testing.B benchmark: one optimizer step (K micro-batches) of goaccel's loop
+// BenchmarkTrainStep is section 4 as a testing.B benchmark: one optimizer step (K micro-batches) of goaccel's loop
 // and of GoMLX's Trainer, for each overhead model of the full plan. The benchmark names match the
 // driver's, so benchstat can compare the two.
 func BenchmarkTrainStep(b *testing.B) {
-	for _, cfg := range FullPlan().Overhead {
+	for _, cfg := range fullPlan().Overhead {
 		b.Run("model="+cfg.Name+"/impl=goaccel", func(b *testing.B) {
 			t, err := newTrainer(cfg, 1, withSingle())
 			if err != nil {

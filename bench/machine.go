@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"runtime"
@@ -12,35 +11,30 @@ import (
 	"github.com/goaccel/goaccel/backends/mpi"
 )
 
-// Machine describes where the numbers were taken.
-type Machine struct {
-	CPU       string  `json:"cpu"`
-	Cores     int     `json:"cores"`
-	MemoryGiB float64 `json:"memory_gib"`
-	OS        string  `json:"os"`
-	Kernel    string  `json:"kernel"`
-	Go        string  `json:"go"`
-	GoMLX     string  `json:"gomlx"`
-	MPI       string  `json:"mpi"`
-	// Goaccel is the source measured: the git commit, and whether tracked files differed from it.
-	Goaccel    string `json:"goaccel"`
-	LoadBefore string `json:"load_before"`
-	LoadAfter  string `json:"load_after,omitempty"`
+// machine describes where the numbers were taken.
+type machine struct {
+	CPU                        string
+	Cores                      int
+	MemoryGiB                  float64
+	OS, Kernel, Go, GoMLX, MPI string
+	PyTorch                    string // the end-to-end section's reference ("": not run)
+	Goaccel                    string // the commit measured, noting uncommitted changes
+	LoadBefore, LoadAfter      string
 }
 
-// DescribeMachine reads the machine's description from /proc and the build.
-func DescribeMachine() Machine {
-	m := Machine{
+// describeMachine reads the machine's description from /proc, the build and git.
+func describeMachine() machine {
+	m := machine{
 		CPU:        firstField("/proc/cpuinfo", "model name", ":"),
 		Cores:      runtime.NumCPU(),
 		OS:         strings.Trim(firstField("/etc/os-release", "PRETTY_NAME", "="), `"`),
-		Kernel:     readTrimmed("/proc/sys/kernel/osrelease"),
+		Kernel:     firstField("/proc/sys/kernel/osrelease", "", ""),
 		Go:         runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
 		MPI:        mpi.LibraryVersion(),
-		LoadBefore: LoadAverage(),
+		LoadBefore: loadAverage(),
 		Goaccel:    sourceRevision(),
 	}
-	if kb, err := strconv.ParseFloat(strings.Fields(firstField("/proc/meminfo", "MemTotal", ":") + " 0")[0], 64); err == nil {
+	if kb, err := strconv.ParseFloat(strings.TrimSuffix(firstField("/proc/meminfo", "MemTotal", ":"), " kB"), 64); err == nil {
 		m.MemoryGiB = kb / (1 << 20)
 	}
 	if info, ok := debug.ReadBuildInfo(); ok {
@@ -63,42 +57,28 @@ func sourceRevision() string {
 	if err != nil {
 		return ""
 	}
-	s := strings.TrimSpace(string(rev))
-	if changes, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil &&
-		len(strings.TrimSpace(string(changes))) > 0 {
-		s += " with uncommitted changes"
+	changes, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+	if len(strings.TrimSpace(string(changes))) > 0 {
+		return strings.TrimSpace(string(rev)) + " with uncommitted changes"
 	}
-	return s
+	return strings.TrimSpace(string(rev))
 }
 
-// LoadAverage is /proc/loadavg's 1, 5 and 15 minute load averages: on a shared machine, what else ran.
-func LoadAverage() string {
-	f := strings.Fields(readTrimmed("/proc/loadavg"))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute load averages: on a shared machine, what else ran.
+func loadAverage() string {
+	f := strings.Fields(firstField("/proc/loadavg", "", ""))
+	return strings.Join(f[:min(len(f), 3)], " ")
 }
 
-func readTrimmed(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(data))
-}
-
-// firstField returns the value of the first "key<sep>value" line of a file.
+// firstField returns the value of the first "key<sep>value" line of a file; with an empty key, the
+// whole first line.
 func firstField(path, key, sep string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), sep)
-		if ok && strings.TrimSpace(k) == key {
+	data, _ := os.ReadFile(path) // a missing file leaves the field empty
+	for line := range strings.Lines(string(data)) {
+		if key == "" {
+			return strings.TrimSpace(line)
+		}
+		if k, v, ok := strings.Cut(line, sep); ok && strings.TrimSpace(k) == key {
 			return strings.TrimSpace(v)
 		}
 	}

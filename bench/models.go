@@ -17,29 +17,24 @@ import (
 	"github.com/goaccel/goaccel/prepare"
 )
 
-// MLP describes a dense classifier: Inputs features, one Dense layer (weights and biases) per entry of
+// mlp describes a dense classifier: Inputs features, one Dense layer (weights and biases) per entry of
 // Hidden with a tanh after each, and a final Dense layer to Classes logits. One description serves as a
-// GoMLX model (Model) and as the parameter list the gradient buckets are planned for (Params), so the
-// measurements of bucketing and of training see the same tensors.
+// GoMLX model and as the parameter list gradient buckets are planned for, so the measurements of bucketing
+// and of training see the same tensors.
 //
 // With Vocab > 0 the inputs are Tokens token ids per example instead, embedded in Inputs dimensions and
-// averaged (a bag-of-words text classifier). Its embedding table is large but cheap to train: its gradient
-// costs a scatter into a zeroed table, not a matrix product, which makes it the model where communication
-// is a visible share of a training step on the pure-Go backend.
-type MLP struct {
-	Inputs  int   `json:"inputs"`
-	Hidden  []int `json:"hidden"`
-	Classes int   `json:"classes"`
-	Vocab   int   `json:"vocab,omitempty"`
-	Tokens  int   `json:"tokens,omitempty"`
+// averaged (a bag-of-words text classifier): a large embedding table whose gradient is a cheap scatter.
+type mlp struct {
+	Inputs, Classes int
+	Hidden          []int
+	Vocab, Tokens   int `json:",omitempty"`
 }
 
 // widths are the output widths of every Dense layer, in order.
-func (m MLP) widths() []int { return append(append([]int(nil), m.Hidden...), m.Classes) }
+func (m mlp) widths() []int { return append(append([]int(nil), m.Hidden...), m.Classes) }
 
-// Params lists the trainable tensors in registration order, named and shaped as layers.Dense creates
-// them.
-func (m MLP) Params() []accumulate.Param {
+// params lists the trainable tensors in registration order, named and shaped as layers.Dense creates them.
+func (m mlp) params() []accumulate.Param {
 	var params []accumulate.Param
 	if m.Vocab > 0 {
 		params = append(params, accumulate.Param{Name: "/embedding/embeddings",
@@ -56,39 +51,40 @@ func (m MLP) Params() []accumulate.Param {
 	return params
 }
 
-// Bytes is the size of all parameters (and so of one full set of float32 gradients).
-func (m MLP) Bytes() int64 {
+// bytes is the size of all parameters, and so of one full set of float32 gradients.
+func (m mlp) bytes() int64 {
 	var n int64
-	for _, p := range m.Params() {
+	for _, p := range m.params() {
 		n += int64(p.Shape.Memory())
 	}
 	return n
 }
 
-// Describe says what the model is: "102 gradient tensors, 21.9 MB: 51 Dense layers 256→448→…→10".
-func (m MLP) Describe() string {
-	layers := fmt.Sprintf("%d Dense layers %s", len(m.widths()), m.chain())
-	if m.Vocab > 0 {
-		layers = fmt.Sprintf("a %d×%d embedding averaged over %d tokens, then %s", m.Vocab, m.Inputs, m.Tokens, layers)
-	}
-	return fmt.Sprintf("%d gradient tensors, %.1f MB: %s", len(m.Params()), float64(m.Bytes())/(1<<20), layers)
+// describe says what the model is: "102 gradient tensors, 21.9 MB: MLP 256→448→192→…→192→10 (51 layers)".
+func (m mlp) describe() string {
+	return fmt.Sprintf("%d gradient tensors, %.1f MB: %s", len(m.params()), float64(m.bytes())/(1<<20), m.shortName())
 }
 
-// chain is the layer widths, "256→448→192→10", elided in the middle when long.
-func (m MLP) chain() string {
+// shortName is "MLP 784→128→10" or "bag-of-words 65536×32, 32→64→10"; long chains are elided in the middle.
+func (m mlp) shortName() string {
 	widths := append([]int{m.Inputs}, m.widths()...)
-	if len(widths) > 6 {
-		return fmt.Sprintf("%d→%d→%d→…→%d→%d", widths[0], widths[1], widths[2], widths[len(widths)-2], widths[len(widths)-1])
-	}
 	parts := make([]string, len(widths))
 	for i, w := range widths {
 		parts[i] = fmt.Sprint(w)
 	}
-	return strings.Join(parts, "→")
+	chain := strings.Join(parts, "→")
+	if len(parts) > 6 {
+		chain = fmt.Sprintf("%s→…→%s (%d layers)", strings.Join(parts[:3], "→"), strings.Join(parts[len(parts)-2:], "→"),
+			len(parts)-1)
+	}
+	if m.Vocab > 0 {
+		return fmt.Sprintf("bag-of-words %d×%d, %s", m.Vocab, m.Inputs, chain)
+	}
+	return "MLP " + chain
 }
 
-// Model is the GoMLX model function.
-func (m MLP) Model(ctx *context.Context, inputs []*Node) []*Node {
+// modelFn is the GoMLX model function.
+func (m mlp) modelFn(ctx *context.Context, inputs []*Node) []*Node {
 	x := inputs[0]
 	if m.Vocab > 0 {
 		// [batch, tokens] ids → [batch, tokens, Inputs] → mean over the tokens.
@@ -104,14 +100,14 @@ func (m MLP) Model(ctx *context.Context, inputs []*Node) []*Node {
 	return []*Node{x}
 }
 
-// Loss is the mean sparse cross-entropy on logits.
-func Loss(labels, predictions []*Node) *Node {
+// loss is the mean sparse cross-entropy on logits.
+func loss(labels, predictions []*Node) *Node {
 	return losses.SparseCategoricalCrossEntropyLogits(labels, predictions)
 }
 
-// Batches returns n synthetic batches of batchSize examples for the model: normal inputs and uniform
-// labels. The numbers do not matter for timing, but they are deterministic and finite.
-func (m MLP) Batches(n, batchSize int, seed uint64) []prepare.Batch {
+// batches returns n synthetic batches of batchSize examples: normal inputs and uniform labels. The
+// numbers do not matter for timing, but they are deterministic and finite.
+func (m mlp) batches(n, batchSize int, seed uint64) []prepare.Batch {
 	rng := rand.New(rand.NewPCG(seed, 5))
 	out := make([]prepare.Batch, n)
 	for i := range out {

@@ -13,23 +13,23 @@ import (
 	"github.com/goaccel/goaccel/backends/compute"
 )
 
-// OverheadResult compares goaccel's training loop with GoMLX's own train.Trainer in one process: same
-// model, data, optimizer and compute backend, K micro-batches per optimizer step on both sides. Each
-// sample is the time of one optimizer step (K micro-batches), graph compilation excluded by the warm-up.
-type OverheadResult struct {
-	Config  TrainConfig `json:"config"`
-	Goaccel Series      `json:"goaccel"`
-	GoMLX   Series      `json:"gomlx"`
+// overheadResult compares goaccel's training loop with GoMLX's own train.Trainer in one process: same
+// model, batches, optimizer and compute backend, K micro-batches per optimizer step on both sides. Each
+// sample is the time of one optimizer step.
+type overheadResult struct {
+	Config         trainConfig
+	Goaccel, GoMLX series
 }
 
-// gomlxTrainer is the reference: train.Trainer with AccumulateGradients(K), fed the same batches.
+// gomlxTrainer is the reference: train.Trainer, with AccumulateGradients(K) when K > 1, fed the same
+// batches.
 type gomlxTrainer struct {
 	trainer *train.Trainer
 	batches [][2][]*tensors.Tensor
 	k, next int
 }
 
-func newGoMLXTrainer(cfg TrainConfig, seed uint64) (*gomlxTrainer, error) {
+func newGoMLXTrainer(cfg trainConfig, seed uint64) (*gomlxTrainer, error) {
 	backend, err := compute.New(compute.Config{Backend: "go"})
 	if err != nil {
 		return nil, err
@@ -39,18 +39,21 @@ func newGoMLXTrainer(cfg TrainConfig, seed uint64) (*gomlxTrainer, error) {
 		return nil, err
 	}
 	tr := train.NewTrainer(backend, ctx,
-		func(ctx *context.Context, _ any, inputs []*Node) []*Node { return cfg.Model.Model(ctx, inputs) },
-		Loss, newSGD(), nil, nil)
-	if err := tr.AccumulateGradients(cfg.K); err != nil {
-		return nil, err
+		func(ctx *context.Context, _ any, inputs []*Node) []*Node { return cfg.Model.modelFn(ctx, inputs) },
+		loss, newSGD(), nil, nil)
+	if cfg.K > 1 {
+		if err := tr.AccumulateGradients(cfg.K); err != nil {
+			return nil, err
+		}
 	}
-	g := &gomlxTrainer{trainer: tr, k: cfg.K}
-	for _, b := range cfg.Model.Batches(2*cfg.K, cfg.Batch, seed) {
+	g := &gomlxTrainer{trainer: tr, k: max(cfg.K, 1)}
+	for _, b := range cfg.Model.batches(2*g.k, cfg.Batch, seed) {
 		g.batches = append(g.batches, [2][]*tensors.Tensor{b.Inputs, b.Labels})
 	}
 	return g, nil
 }
 
+// steps runs n optimizer steps (n·K TrainStep calls).
 func (g *gomlxTrainer) steps(n int) (err error) {
 	defer func() {
 		// GoMLX reports graph-building errors by panicking.
@@ -72,10 +75,9 @@ func (g *gomlxTrainer) steps(n int) (err error) {
 // have been started by a launcher).
 func withSingle() accel.Option { return accel.WithCommunicator(backends.NewSingle()) }
 
-// MeasureOverhead times goaccel's loop (Accumulate, Backward, Step, ZeroGrad at world size 1) against
-// GoMLX's Trainer.TrainStep with AccumulateGradients(K), interleaved, in this process.
-func MeasureOverhead(cfg TrainConfig, t Timing) (OverheadResult, error) {
-	res := OverheadResult{Config: cfg}
+// measureOverhead times goaccel's loop at world size 1 against GoMLX's Trainer, interleaved.
+func measureOverhead(cfg trainConfig, t timing) (overheadResult, error) {
+	res := overheadResult{Config: cfg}
 	ours, err := newTrainer(cfg, 1, withSingle())
 	if err != nil {
 		return res, err
@@ -86,13 +88,10 @@ func MeasureOverhead(cfg TrainConfig, t Timing) (OverheadResult, error) {
 		return res, err
 	}
 	name := func(impl string) string { return fmt.Sprintf("TrainStep/model=%s/impl=%s/k=%d", cfg.Name, impl, cfg.K) }
-	series, err := Group{Timing: t}.Measure(
-		Variant{Name: name("goaccel"), Run: ours.steps},
-		Variant{Name: name("gomlx"), Run: theirs.steps},
-	)
+	s, err := group{timing: t}.measure(variant{name("goaccel"), ours.steps}, variant{name("gomlx"), theirs.steps})
 	if err != nil {
 		return res, fmt.Errorf("overhead: %w", err)
 	}
-	res.Goaccel, res.GoMLX = series[0], series[1]
+	res.Goaccel, res.GoMLX = s[0], s[1]
 	return res, nil
 }

@@ -7,7 +7,7 @@ package bench
 
 // The reference all-reduces on its own duplicate of MPI_COMM_WORLD, so its traffic can never be matched
 // with goaccel's (whose engine duplicates the world communicator too). Handles are macros over library
-// globals in Open MPI, so they stay on the C side (DESIGN §9).
+// globals in Open MPI, so they stay on the C side.
 static MPI_Comm bench_comm;
 
 static int bench_open(void) {
@@ -34,31 +34,14 @@ static int bench_allreduce(float *buf, int count, int iters) {
 	return MPI_SUCCESS;
 }
 
-// The non-blocking collective goaccel's engine uses, completed by MPI_Wait: it tells the cost of the
-// algorithm MPI picks for MPI_Iallreduce (Open MPI: coll/libnbc) apart from the cost of goaccel's polling.
-static int bench_iallreduce_wait(float *buf, int count, int iters) {
+// The non-blocking collective goaccel's engine starts, completed by MPI_Wait: it tells the cost of the
+// algorithm MPI picks for MPI_Iallreduce apart from the cost of goaccel's side.
+static int bench_iallreduce(float *buf, int count, int iters) {
 	for (int i = 0; i < iters; i++) {
 		MPI_Request req;
 		int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, bench_comm, &req);
 		if (rc == MPI_SUCCESS) {
 			rc = MPI_Wait(&req, MPI_STATUS_IGNORE);
-		}
-		if (rc != MPI_SUCCESS) {
-			return rc;
-		}
-	}
-	return MPI_SUCCESS;
-}
-
-// The same, completed by calling MPI_Test in a loop: goaccel's way of completing a collective, with
-// none of the Go side (no cgo call, scheduler or lock per poll).
-static int bench_iallreduce_test(float *buf, int count, int iters) {
-	for (int i = 0; i < iters; i++) {
-		MPI_Request req;
-		int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, bench_comm, &req);
-		int done = 0;
-		while (rc == MPI_SUCCESS && !done) {
-			rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
 		}
 		if (rc != MPI_SUCCESS) {
 			return rc;
@@ -83,50 +66,35 @@ type rawMPI struct{}
 
 // openRawMPI duplicates MPI_COMM_WORLD for the reference. MPI must already be initialised (by opening
 // goaccel's "mpi" engine), so both share one MPI session. Collective.
-func openRawMPI() (RawMPI, error) {
+func openRawMPI() (rawMPI, error) {
 	if rc := C.bench_open(); rc != C.MPI_SUCCESS {
 		if rc == -1 {
-			return nil, fmt.Errorf("bench: MPI is not initialised: open goaccel's mpi engine first")
+			return rawMPI{}, fmt.Errorf("bench: MPI is not initialised: open goaccel's mpi engine first")
 		}
-		return nil, fmt.Errorf("bench: MPI_Comm_dup failed with code %d", int(rc))
+		return rawMPI{}, fmt.Errorf("bench: MPI_Comm_dup failed with code %d", int(rc))
 	}
 	return rawMPI{}, nil
 }
 
-func (rawMPI) run(kind RawKind, buf []float32, iters int) error {
-	if len(buf) == 0 {
-		return fmt.Errorf("bench: empty buffer")
-	}
+// allreduce runs iters blocking MPI_Allreduce calls on buf.
+func (rawMPI) allreduce(buf []float32, iters int) error {
 	// A Go pointer may be passed to C for the duration of a call that does not keep it: every loop
 	// completes its collectives before it returns.
-	ptr, count, n := (*C.float)(unsafe.Pointer(&buf[0])), C.int(len(buf)), C.int(iters)
-	var rc C.int
-	switch kind {
-	case RawAllreduce:
-		rc = C.bench_allreduce(ptr, count, n)
-	case RawIallreduceWait:
-		rc = C.bench_iallreduce_wait(ptr, count, n)
-	case RawIallreduceTest:
-		rc = C.bench_iallreduce_test(ptr, count, n)
-	default:
-		return fmt.Errorf("bench: unknown raw MPI loop %d", kind)
-	}
+	return check("MPI_Allreduce", C.bench_allreduce((*C.float)(unsafe.Pointer(&buf[0])), C.int(len(buf)), C.int(iters)))
+}
+
+// iallreduce runs iters MPI_Iallreduce calls on buf, each completed by MPI_Wait.
+func (rawMPI) iallreduce(buf []float32, iters int) error {
+	return check("MPI_Iallreduce", C.bench_iallreduce((*C.float)(unsafe.Pointer(&buf[0])), C.int(len(buf)), C.int(iters)))
+}
+
+func (rawMPI) barrier() error { return check("MPI_Barrier", C.bench_barrier()) }
+
+func (rawMPI) close() error { return check("MPI_Comm_free", C.bench_close()) }
+
+func check(call string, rc C.int) error {
 	if rc != C.MPI_SUCCESS {
-		return fmt.Errorf("bench: raw MPI %s failed with code %d", kind, int(rc))
-	}
-	return nil
-}
-
-func (rawMPI) barrier() error {
-	if rc := C.bench_barrier(); rc != C.MPI_SUCCESS {
-		return fmt.Errorf("bench: MPI_Barrier failed with code %d", int(rc))
-	}
-	return nil
-}
-
-func (rawMPI) Close() error {
-	if rc := C.bench_close(); rc != C.MPI_SUCCESS {
-		return fmt.Errorf("bench: MPI_Comm_free failed with code %d", int(rc))
+		return fmt.Errorf("bench: %s failed with code %d", call, int(rc))
 	}
 	return nil
 }

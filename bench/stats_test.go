@@ -24,23 +24,23 @@ func TestSeriesStatistics(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := Series{Seconds: tt.seconds}
-			assert.InDelta(t, tt.median, s.Median(), 1e-12)
-			assert.InDelta(t, tt.spread, s.Spread(), 1e-12)
+			s := series{Seconds: tt.seconds}
+			assert.InDelta(t, tt.median, s.median(), 1e-12)
+			assert.InDelta(t, tt.spread, s.spread(), 1e-12)
 		})
 	}
 }
 
 func TestRatio(t *testing.T) {
-	fast, slow := Series{Seconds: []float64{1, 1}}, Series{Seconds: []float64{3, 3}}
-	assert.InDelta(t, 3, Ratio(fast, slow), 1e-12, "slow takes 3× as long as fast")
-	assert.InDelta(t, 1.0/3, Ratio(slow, fast), 1e-12)
+	fast, slow := series{Seconds: []float64{1, 1}}, series{Seconds: []float64{3, 3}}
+	assert.InDelta(t, 3, ratio(fast, slow), 1e-12, "slow takes 3× as long as fast")
+	assert.InDelta(t, 1.0/3, ratio(slow, fast), 1e-12)
 }
 
 func TestBenchstatLines(t *testing.T) {
-	s := Series{Name: "AllReduce/impl=mpi/size=1MB/ranks=2", Iters: 10, Seconds: []float64{0.001, 0.002},
+	s := series{Name: "AllReduce/impl=mpi/size=1MB/ranks=2", Iters: 10, Seconds: []float64{0.001, 0.002},
 		Bytes: 1 << 20, Extra: map[string]float64{"calls/op": 2}}
-	lines := s.BenchstatLines()
+	lines := s.benchstatLines()
 	require.Len(t, lines, 2, "one line per sample, which benchstat aggregates")
 	// benchstat's format: name, iterations, then value-unit pairs separated by tabs.
 	fields := strings.Split(lines[0], "\t")
@@ -62,16 +62,16 @@ func TestFormatBytes(t *testing.T) {
 func TestMeasureInterleavesVariants(t *testing.T) {
 	var order []string
 	var iters []int
-	variant := func(name string) Variant {
-		return Variant{Name: name, Run: func(n int) error {
+	record := func(name string) variant {
+		return variant{name, func(n int) error {
 			order = append(order, name)
 			iters = append(iters, n)
 			return nil
 		}}
 	}
 	const samples = 20
-	series, err := Group{Timing: Timing{Samples: samples, SampleTime: time.Millisecond, MinIters: 4, MaxIters: 4}}.
-		Measure(variant("a"), variant("b"), variant("c"))
+	out, err := group{timing: timing{Samples: samples, SampleTime: time.Millisecond, MinIters: 4, MaxIters: 4}}.
+		measure(record("a"), record("b"), record("c"))
 	require.NoError(t, err)
 	// Warm-up and calibration (2 ops, then 3 single ops) per variant, in order.
 	assert.Equal(t, strings.Split("aaaabbbbcccc", ""), order[:12])
@@ -91,8 +91,8 @@ func TestMeasureInterleavesVariants(t *testing.T) {
 	for _, n := range iters[12:] {
 		assert.Equal(t, 4, n, "every sample of every variant times the same operations")
 	}
-	require.Len(t, series, 3)
-	for _, s := range series {
+	require.Len(t, out, 3)
+	for _, s := range out {
 		assert.Len(t, s.Seconds, samples)
 		assert.Equal(t, 4, s.Iters)
 	}
@@ -100,7 +100,7 @@ func TestMeasureInterleavesVariants(t *testing.T) {
 
 func TestMeasureReportsFailures(t *testing.T) {
 	boom := errors.New("boom")
-	_, err := Group{Timing: Timing{Samples: 1}}.Measure(Variant{Name: "x", Run: func(int) error { return boom }})
+	_, err := group{timing: timing{Samples: 1}}.measure(variant{"x", func(int) error { return boom }})
 	assert.ErrorIs(t, err, boom)
 	assert.ErrorContains(t, err, "x")
 }

@@ -10,33 +10,25 @@ import (
 	"github.com/goaccel/goaccel/backends"
 )
 
-// SyncResult compares ways of all-reducing one model's gradients across the ranks.
-type SyncResult struct {
-	Ranks int    `json:"ranks"`
-	Model string `json:"model"`
-	// Tensors and Bytes describe the model's gradients.
-	Tensors int   `json:"tensors"`
-	Bytes   int64 `json:"bytes"`
-	// Flat is one all-reduce of all the bytes; PerTensor is the loop a user writes by hand, one blocking
-	// all-reduce per gradient tensor; PerTensorAsync starts one all-reduce per tensor and then waits for
-	// all (the Reducer with a bucket per tensor).
-	Flat           Series `json:"flat"`
-	PerTensor      Series `json:"per_tensor"`
-	PerTensorAsync Series `json:"per_tensor_async"`
-	// Caps holds goaccel's bucketed sync for each bucket cap.
-	Caps []CapResult `json:"caps"`
+// syncResult compares ways of all-reducing one model's gradients across the ranks.
+type syncResult struct {
+	Ranks   int
+	Model   string
+	Tensors int   // gradient tensors
+	Bytes   int64 // of all gradients
+	// Flat is one all-reduce of all the bytes; PerTensor the loop a user writes by hand, one blocking
+	// all-reduce per gradient tensor; PerTensorAsync starts one all-reduce per tensor, then waits for all.
+	Flat, PerTensor, PerTensorAsync series
+	Caps                            []capResult // goaccel's bucketed sync, per bucket cap
 }
 
-// CapResult is the bucketed sync for one bucket cap.
-type CapResult struct {
-	CapBytes int64 `json:"cap_bytes"`
-	Buckets  int   `json:"buckets"`
-	// BucketBytes are the buckets' sizes: two caps with the same sizes made the same plan.
-	BucketBytes []int64 `json:"bucket_bytes"`
+// capResult is the bucketed sync for one bucket cap.
+type capResult struct {
+	CapBytes    int64
+	BucketBytes []int64 // the buckets' sizes: two caps with the same sizes made the same plan
 	// Pipelined is accumulate.Reducer.Sync: every bucket's all-reduce is started, then all are waited
 	// for. Sequential reduces the same buckets one after another with blocking all-reduces.
-	Pipelined  Series `json:"pipelined"`
-	Sequential Series `json:"sequential"`
+	Pipelined, Sequential series
 }
 
 // bucketSet is a plan with host buffers for its buckets, as the model's accumulators would hold them.
@@ -72,14 +64,13 @@ func bucketsFor(plan accumulate.Plan) (*bucketSet, error) {
 	return s, nil
 }
 
-// MeasureSync times the gradient sync of model under every strategy: the bucketed Reducer for each cap
-// in capsBytes (pipelined, and the same buckets reduced sequentially), one flat all-reduce, and one
-// all-reduce per tensor. Buffers hold zeros, so repeated sums stay finite. Collective.
-func MeasureSync(comm *backends.Communicator, barrier func() error, model MLP, capsBytes []int64, t Timing) (SyncResult, error) {
-	params := model.Params()
-	res := SyncResult{Ranks: comm.Size(), Model: model.Describe(), Tensors: len(params), Bytes: model.Bytes()}
-	name := func(variant string) string { return fmt.Sprintf("GradientSync/%s/ranks=%d", variant, comm.Size()) }
-
+// measureSync times the gradient sync of m under every strategy: the bucketed Reducer for each cap (and
+// the same buckets reduced sequentially), one flat all-reduce, and one all-reduce per tensor. Buffers hold
+// zeros, so repeated sums stay finite. Collective.
+func measureSync(comm *backends.Communicator, barrier func() error, m mlp, capsBytes []int64, t timing) (syncResult, error) {
+	params := m.params()
+	res := syncResult{Ranks: comm.Size(), Model: m.describe(), Tensors: len(params), Bytes: m.bytes()}
+	name := func(v string) string { return fmt.Sprintf("GradientSync/%s/ranks=%d", v, comm.Size()) }
 	flat, err := newBucketSet(params, res.Bytes, res.Bytes)
 	if err != nil {
 		return res, err
@@ -88,35 +79,35 @@ func MeasureSync(comm *backends.Communicator, barrier func() error, model MLP, c
 	if err != nil {
 		return res, err
 	}
-	variants := []Variant{
-		{Name: name("flat"), Run: reducerLoop(comm, flat)},
-		{Name: name("per-tensor"), Run: sequentialLoop(comm, perTensor)},
-		{Name: name("per-tensor-async"), Run: reducerLoop(comm, perTensor)},
+	variants := []variant{
+		{name("flat"), reducerLoop(comm, flat)},
+		{name("per-tensor"), sequentialLoop(comm, perTensor)},
+		{name("per-tensor-async"), reducerLoop(comm, perTensor)},
 	}
 	for _, capBytes := range capsBytes {
 		set, err := newBucketSet(params, 0, capBytes)
 		if err != nil {
 			return res, err
 		}
-		c := CapResult{CapBytes: capBytes, Buckets: len(set.plan.Buckets)}
+		c := capResult{CapBytes: capBytes}
 		for _, b := range set.plan.Buckets {
 			c.BucketBytes = append(c.BucketBytes, int64(b.Bytes()))
 		}
 		res.Caps = append(res.Caps, c)
 		variants = append(variants,
-			Variant{Name: name("bucketed/cap=" + formatBytes(capBytes)), Run: reducerLoop(comm, set)},
-			Variant{Name: name("sequential/cap=" + formatBytes(capBytes)), Run: sequentialLoop(comm, set)})
+			variant{name("bucketed/cap=" + formatBytes(capBytes)), reducerLoop(comm, set)},
+			variant{name("sequential/cap=" + formatBytes(capBytes)), sequentialLoop(comm, set)})
 	}
-	series, err := Group{Comm: comm, Barrier: barrier, Timing: t}.Measure(variants...)
+	s, err := group{comm: comm, barrier: barrier, timing: t}.measure(variants...)
 	if err != nil {
 		return res, fmt.Errorf("gradient sync: %w", err)
 	}
-	for i := range series {
-		series[i].Bytes = res.Bytes
+	for i := range s {
+		s[i].Bytes = res.Bytes
 	}
-	res.Flat, res.PerTensor, res.PerTensorAsync = series[0], series[1], series[2]
+	res.Flat, res.PerTensor, res.PerTensorAsync = s[0], s[1], s[2]
 	for i := range res.Caps {
-		res.Caps[i].Pipelined, res.Caps[i].Sequential = series[3+2*i], series[4+2*i]
+		res.Caps[i].Pipelined, res.Caps[i].Sequential = s[3+2*i], s[4+2*i]
 	}
 	return res, nil
 }

@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/goaccel/goaccel/launch"
+)
+
+// endToEndPlan is the demo's job, run by goaccel's demo binary and by the PyTorch script: same model,
+// Adam learning rate, per-process batch, K and epochs, with 1 and more processes.
+type endToEndPlan struct {
+	Models           []endToEndModel // none: skip the section
+	Procs            []int
+	Epochs, Batch, K int
+	LR               float64
+	Seed             int
+	Limit            int // training examples (0: all 60000)
+}
+
+// endToEndModel is one of the demo's models ("mlp", "cnn") and how many times each variant trains it.
+type endToEndModel struct {
+	Name   string
+	Rounds int
+}
+
+// endToEndSetup is where the programs of the section are.
+type endToEndSetup struct {
+	demo    string // grad_accum built with -tags mpi
+	python  string // a Python 3 with torch
+	dataDir string // Fashion-MNIST's IDX files
+	script  string // the PyTorch script, written out by check
+}
+
+//go:embed pytorch/fashion_ddp.py
+var pytorchScript []byte
+
+// check fails early, with what to install, when a program of the section is missing, and returns
+// PyTorch's version.
+func (s *endToEndSetup) check(ctx context.Context, dir string) (string, error) {
+	if _, err := os.Stat(s.demo); err != nil {
+		return "", fmt.Errorf("the end-to-end section runs the demo: %w (build it with `go build -tags mpi -o %s "+
+			"./examples/grad_accum`, or leave e2e out of -only)", err, s.demo)
+	}
+	version, err := exec.CommandContext(ctx, s.python, "-c", "import torch; print(torch.__version__)").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("the end-to-end section needs PyTorch for %s (apt-get install python3-torch, or "+
+			"leave e2e out of -only): %v\n%s", s.python, err, version)
+	}
+	s.script = filepath.Join(dir, "fashion_ddp.py")
+	return string(bytes.TrimSpace(version)), os.WriteFile(s.script, pytorchScript, 0o644)
+}
+
+// endToEndResult is one variant of the demo's job: an implementation, a model and a process count, one
+// run per round.
+type endToEndResult struct {
+	Impl  string // "goaccel" or "pytorch"
+	Model string
+	Procs int
+	// PerExample is training seconds per training example, one sample per run: 1/median is examples/s.
+	PerExample   series
+	TestAccuracy []float64
+	Parameters   int // as the program reports them (0: not reported)
+}
+
+func (r endToEndResult) examplesPerSecond() float64 { return 1 / r.PerExample.median() }
+
+// runSummary is what the bench reads from the JSON line the demo and the PyTorch script end with.
+type runSummary struct {
+	TrainExamples     int     `json:"train_examples"`
+	Epochs            int     `json:"epochs"`
+	ExamplesPerSecond float64 `json:"examples_per_second"` // over the training loop only
+	TestAccuracy      float64 `json:"test_accuracy"`
+	Parameters        int     `json:"parameters"`
+}
+
+var endToEndImpls = []string{"goaccel", "pytorch"}
+
+// measureEndToEnd runs, for each model, every implementation and process count once per round, in an
+// order that changes from round to round.
+func (d *driver) measureEndToEnd(ctx context.Context) ([]endToEndResult, error) {
+	p := d.plan.EndToEnd
+	var out []endToEndResult
+	for _, m := range p.Models {
+		var runs []endToEndResult
+		for _, impl := range endToEndImpls {
+			for _, n := range p.Procs {
+				runs = append(runs, endToEndResult{Impl: impl, Model: m.Name, Procs: n, PerExample: series{
+					Name: fmt.Sprintf("EndToEnd/model=%s/impl=%s/procs=%d", m.Name, impl, n)}})
+			}
+		}
+		for round := range m.Rounds {
+			for _, i := range rand.New(rand.NewPCG(uint64(round), 0xe2e)).Perm(len(runs)) {
+				r := &runs[i]
+				d.progressf("end to end: %s, %s, %s (round %d of %d)\n", r.Model, r.Impl, processes(r.Procs), round+1, m.Rounds)
+				s, err := d.runEndToEnd(ctx, r.Impl, r.Model, r.Procs)
+				if err == nil && !(s.ExamplesPerSecond > 0) {
+					err = errors.New("its summary line reports no examples_per_second")
+				}
+				if err != nil {
+					return nil, fmt.Errorf("%s with %s on %s: %w", r.Model, r.Impl, processes(r.Procs), err)
+				}
+				r.PerExample.Iters = s.TrainExamples * s.Epochs
+				r.PerExample.Seconds = append(r.PerExample.Seconds, 1/s.ExamplesPerSecond)
+				r.TestAccuracy = append(r.TestAccuracy, s.TestAccuracy)
+				r.Parameters = s.Parameters
+			}
+		}
+		for _, r := range runs {
+			d.emit(r.PerExample)
+		}
+		out = append(out, runs...)
+	}
+	return out, nil
+}
+
+// runEndToEnd trains once and returns the summary line the program ends its output with.
+func (d *driver) runEndToEnd(ctx context.Context, impl, model string, procs int) (runSummary, error) {
+	p, s := d.plan.EndToEnd, d.endToEnd
+	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
+	defer cancel()
+	// The same job on both sides, in each program's flag syntax.
+	job := func(dash string) []string {
+		return []string{dash + "model", model, dash + "epochs", strconv.Itoa(p.Epochs), dash + "batch",
+			strconv.Itoa(p.Batch), dash + "k", strconv.Itoa(p.K), dash + "lr", fmt.Sprint(p.LR), dash + "seed",
+			strconv.Itoa(p.Seed), dash + "limit", strconv.Itoa(p.Limit), dash + "data", s.dataDir}
+	}
+	var stdout bytes.Buffer
+	var cmd *exec.Cmd
+	switch {
+	case impl == "pytorch":
+		// Matched threads: each of P processes on C cores computes with C/P threads (goaccel sizes its
+		// own from the local rank count).
+		threads := strconv.Itoa(max(1, runtime.NumCPU()/procs))
+		cmd = exec.CommandContext(ctx, s.python, append([]string{s.script, "--procs", strconv.Itoa(procs),
+			"--threads", threads}, job("--")...)...)
+	case procs == 1:
+		cmd = exec.CommandContext(ctx, s.demo, append(job("-"), "-quiet")...)
+	default:
+		var err error
+		if cmd, err = launch.Command(ctx, procs, s.demo, append(job("-"), "-quiet")); err != nil {
+			return runSummary{}, err
+		}
+	}
+	cmd.Stdout, cmd.Stderr = &stdout, d.progress
+	if err := cmd.Run(); err != nil {
+		return runSummary{}, fmt.Errorf("%s: %w", launch.String(cmd.Args), err)
+	}
+	out := strings.TrimSpace(stdout.String())
+	var summary runSummary
+	if err := json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &summary); err != nil {
+		return summary, fmt.Errorf("%s: the last line of its output is no JSON summary: %w\n%s", launch.String(cmd.Args), err, out)
+	}
+	return summary, nil
+}

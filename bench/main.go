@@ -1,0 +1,133 @@
+// Package bench measures goaccel side by side with what users compare it to, in one run, and renders
+// docs/benchmarks.md; docs/benchmarks-method.md says how and why. Main is the accelbench command
+// (bench/cmd/accelbench), which `make bench` runs:
+//
+//   - all-reduce efficiency against a plain C loop of MPI_Allreduce, bucketing, accumulation and overlap,
+//     in mpirun jobs of 2 and 4 ranks (the command starts itself as the ranks);
+//   - the overhead of goaccel's loop against GoMLX's train.Trainer, in its own process;
+//   - a big MLP's training step under three compute configurations, each in a child process;
+//   - the grad_accum demo's job against PyTorch DDP, end to end.
+//
+// Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike.
+// Results are benchstat lines on standard output, a JSON file on request, and the Markdown report.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/goaccel/goaccel/datasets/fashionmnist"
+)
+
+// Main runs the accelbench command with args (without the program name) and returns its exit code.
+// Standard output carries only lines benchstat reads; progress and the children's output go to stderr.
+func Main(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("accelbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "tiny sizes and few samples: a smoke test of the whole pipeline")
+	out := fs.String("out", "docs/benchmarks.md", "write the Markdown report to `FILE` (empty: no report)")
+	jsonOut := fs.String("json", "", "also write the results as JSON to `FILE`")
+	render := fs.String("render", "", "measure nothing: render the report from results saved with -json in `FILE`")
+	only := fs.String("only", allSections(), "measure only these comma-separated `sections`")
+	ranks := fs.String("ranks", "", "comma-separated world sizes of the MPI measurements (default 2,4; -quick: 2)")
+	limit := fs.Int("limit", -1, "training examples of the end-to-end runs (0: all; default all, -quick: 512)")
+	var setup endToEndSetup
+	fs.StringVar(&setup.demo, "demo", "bin/grad_accum", "the grad_accum demo, built with -tags mpi")
+	fs.StringVar(&setup.python, "python", "/usr/bin/python3", "the Python with PyTorch")
+	fs.StringVar(&setup.dataDir, "data", fashionmnist.DefaultDir, "Fashion-MNIST's IDX files")
+	rankJob := fs.String(rankJobFlag, "", "internal: run as a rank of the mpirun job described in `JSON`")
+	stepJob := fs.String(stepJobFlag, "", "internal: time training steps as described in `JSON`")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "accelbench: %v\n", err)
+		return 1
+	}
+	switch {
+	case *rankJob != "":
+		if err := runRankJob(*rankJob, stderr); err != nil {
+			return fail(err)
+		}
+		return 0
+	case *stepJob != "":
+		if err := runStepJob(*stepJob, stdout); err != nil {
+			return fail(err)
+		}
+		return 0
+	case *render != "":
+		var res results
+		data, err := os.ReadFile(*render)
+		if err == nil {
+			err = json.Unmarshal(data, &res)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		return writeReport(&res, *out, stderr)
+	}
+
+	p := fullPlan()
+	if *quick {
+		p = quickPlan()
+	}
+	if err := p.only(*only); err != nil {
+		fmt.Fprintf(stderr, "accelbench: -only: %v\n", err)
+		return 2
+	}
+	if *ranks != "" && len(p.Ranks) > 0 {
+		p.Ranks = nil
+		for _, s := range strings.Split(*ranks, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 2 {
+				fmt.Fprintf(stderr, "accelbench: -ranks: %q is not a world size of at least 2\n", s)
+				return 2
+			}
+			p.Ranks = append(p.Ranks, n)
+		}
+	}
+	if *limit >= 0 {
+		p.EndToEnd.Limit = *limit
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fail(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup}
+	res, err := d.run(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if *jsonOut != "" {
+		if err := writeJSON(*jsonOut, res); err != nil {
+			return fail(err)
+		}
+	}
+	return writeReport(res, *out, stderr)
+}
+
+func writeReport(res *results, path string, stderr io.Writer) int {
+	if path == "" {
+		return 0
+	}
+	if err := os.WriteFile(path, []byte(report(res)), 0o644); err != nil {
+		fmt.Fprintf(stderr, "accelbench: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "accelbench: wrote %s\n", path)
+	return 0
+}
