@@ -49,7 +49,7 @@ test: deps vet
 	$(GO) test -count=1 -timeout 10m ./backends/compute/...
 
 # Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch DDP, side by side, and writes
-# docs/benchmarks.md (several minutes on 2 cores). Raw samples in benchstat format: bin/bench.txt; results:
+# docs/benchmarks.md (about ten minutes on 2 cores). Raw samples in benchstat format: bin/bench.txt; results:
 # bin/bench.json (`bin/accelbench -render bin/bench.json` re-renders the page). A redirect, not a pipe, so
 # make fails when the bench does.
 bench: build deps-dataset deps-torch
