@@ -31,7 +31,7 @@ type accumulationResult struct {
 	Config trainConfig
 	// Accumulate syncs once per K micro-batches. SyncEveryMicroBatch is the same loop plus an all-reduce of
 	// the model's bucket layout after each micro-batch that does not sync, as DDP without no_sync.
-	// SyncEachBatch is goaccel's WithSyncEachBatch, which also steps the optimizer on every micro-batch.
+	// SyncEachBatch is goaccel's WithSyncEachBatch: an all-reduce per micro-batch, an optimizer step per K.
 	Accumulate, SyncEveryMicroBatch, SyncEachBatch series
 }
 

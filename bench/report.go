@@ -427,7 +427,7 @@ func (r *reporter) accumulation() {
 	}
 	r.section("## 3. Accumulation", "3-accumulation", "Real GoMLX training steps (SGD) under mpirun, each timed per "+
 		"optimizer step of K micro-batches: *Accumulate* syncs once per step, *Sync every micro-batch* adds the K−1 "+
-		"all-reduces DDP makes without `no_sync`, *WithSyncEachBatch* also steps the optimizer on every micro-batch.")
+		"all-reduces DDP makes without `no_sync`, *WithSyncEachBatch* is goaccel's own mode: an all-reduce per micro-batch, a step per K.")
 	var rows [][]string
 	for _, a := range r.res.Accumulation {
 		for i, s := range []series{a.Accumulate, a.SyncEveryMicroBatch, a.SyncEachBatch} {
