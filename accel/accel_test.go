@@ -75,17 +75,19 @@ func TestDefaultComputeBackendIsPureGo(t *testing.T) {
 
 // TestSyncSchedule: with K=3 and 7 batches, Accumulate syncs on batches 3 and 6 and on the last one (end
 // of the data loader); Step and ZeroGrad do nothing, and leave the weights alone, on the other batches.
+// Sync-each-batch all-reduces all 7 micro-batches but steps on the same 3.
 func TestSyncSchedule(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		opts      []accel.Option
-		wantSyncs []bool
+		name       string
+		opts       []accel.Option
+		wantSyncs  []bool
+		wantReduce int64 // all-reduce rounds (Stats.Syncs)
 	}{
 		{"K=3", []accel.Option{accel.WithGradientAccumulationSteps(3)},
-			[]bool{false, false, true, false, false, true, true}},
+			[]bool{false, false, true, false, false, true, true}, 3},
 		{"K=3 sync each batch", []accel.Option{accel.WithGradientAccumulationSteps(3), accel.WithSyncEachBatch()},
-			[]bool{true, true, true, true, true, true, true}},
-		{"K=1", nil, []bool{true, true, true, true, true, true, true}},
+			[]bool{false, false, true, false, false, true, true}, 7},
+		{"K=1", nil, []bool{true, true, true, true, true, true, true}, 7},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			acc := newSingle(t, tc.opts...)
@@ -123,7 +125,7 @@ func TestSyncSchedule(t *testing.T) {
 			}
 			assert.EqualValues(t, wantSteps, opt.Steps())
 			stats := acc.Stats()
-			assert.EqualValues(t, wantSteps, stats.Syncs, "one sync per optimizer step")
+			assert.EqualValues(t, tc.wantReduce, stats.Syncs, "all-reduce rounds")
 			assert.EqualValues(t, 7, stats.MicroBatches)
 			assert.Zero(t, stats.Collectives.Calls(), "a single process does not call the engine")
 		})

@@ -36,6 +36,8 @@ type Accelerator struct {
 	closed     bool
 	// settingsAgreed: the ranks compared their settings (on the first Backward) and found them equal.
 	settingsAgreed bool
+	// logRecords counts the records Log wrote (on the main process), which checkpoints keep.
+	logRecords int64
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
@@ -152,10 +154,11 @@ func (a *Accelerator) Close() error {
 		return nil
 	}
 	a.closed = true
+	trackersErr := a.closeTrackers()
 	if a.ownComm {
-		return a.comm.Close()
+		return errors.Join(a.comm.Close(), trackersErr)
 	}
-	return nil
+	return trackersErr
 }
 
 // CloseWithError is Close for a rank that stops because of err. With several processes it tells the other
@@ -237,8 +240,10 @@ func (a *Accelerator) checkOpen() error {
 type Stats struct {
 	OptimizerSteps int64
 	SkippedSteps   int64
-	Syncs          int64
-	MicroBatches   int64
+	// Syncs counts gradient all-reduce rounds: one per optimizer step, or one per micro-batch with
+	// WithSyncEachBatch.
+	Syncs        int64
+	MicroBatches int64
 	// Collectives are the communicator's counters: calls, bytes, and time spent waiting, per operation.
 	Collectives backends.Stats
 	// ComputeTime is time spent in compiled training and optimizer steps.

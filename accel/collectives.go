@@ -60,12 +60,18 @@ func (a *Accelerator) MainProcessFirst(fn func() error) error {
 // wrong sums, other pairs end in MPI_ERR_TRUNCATE. It costs one all-gather of a hash per call. A mismatch is
 // the same error on every rank, naming what each rank called.
 func (a *Accelerator) agreeOnCall(call string, t *tensors.Tensor) error {
-	if a.WorldSize() == 1 {
-		return nil
-	}
 	tensor := "none"
 	if t != nil {
 		tensor = t.Shape().String()
+	}
+	return a.agreeOnCallDescribed(call, tensor)
+}
+
+// agreeOnCallDescribed is agreeOnCall with the tensor already described (for calls where part of its
+// shape may differ across ranks).
+func (a *Accelerator) agreeOnCallDescribed(call, tensor string) error {
+	if a.WorldSize() == 1 {
+		return nil
 	}
 	return replicas.CheckSameSettings(a.comm, []replicas.Setting{
 		{Name: "the collective called", Value: call},

@@ -71,7 +71,9 @@ func (a *Accelerator) LoadState(dir string) error {
 		a.comm.Fail(err)
 		return err
 	}
-	return nil
+	// The trackers' files are the main process's alone: a failure to rewrite one is its error, not a
+	// divergence of the ranks' training state.
+	return a.resumeTrackers(plan.state.LogRecords)
 }
 
 // checkpointPayload is what the main process reads from a checkpoint and broadcasts: everything LoadState
@@ -110,11 +112,12 @@ func (a *Accelerator) materializeForLoad() error {
 		if m.Materialized() {
 			continue
 		}
-		if len(a.loaders) == 0 || !resume.Loader.Peekable(a.loaders[0]) {
+		loaders := a.checkpointedLoaders()
+		if len(loaders) == 0 || !resume.Loader.Peekable(loaders[0]) {
 			return fmt.Errorf("accel: loading state: model %d has no weights yet and no data loader to build it "+
 				"from: call model.Materialize with a batch first", i)
 		}
-		batch, err := a.loaders[0].PeekBatch()
+		batch, err := loaders[0].PeekBatch()
 		if err != nil {
 			return fmt.Errorf("accel: loading state: %w", err)
 		}
@@ -233,7 +236,7 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 		plan.values = append(plan.values, values)
 		plan.accums = append(plan.accums, mine)
 	}
-	for i, l := range a.loaders {
+	for i, l := range a.checkpointedLoaders() {
 		if err := resume.Loader.CheckRestore(l, s.Loaders[i].Epoch, s.Loaders[i].Position); err != nil {
 			return fmt.Errorf("data loader %d: %w", i, err)
 		}
@@ -264,9 +267,10 @@ func (a *Accelerator) compatible(s savedState) error {
 			return fmt.Errorf("model %d differs from the saved one: saved %q, this run has %q", i, saved, current)
 		}
 	}
-	if len(s.Optimizers) != len(a.optimizers) || len(s.Loaders) != len(a.loaders) {
-		return fmt.Errorf("saved %d optimizer(s) and %d loader(s); this run prepared %d and %d",
-			len(s.Optimizers), len(s.Loaders), len(a.optimizers), len(a.loaders))
+	if loaders := a.checkpointedLoaders(); len(s.Optimizers) != len(a.optimizers) || len(s.Loaders) != len(loaders) {
+		return fmt.Errorf("saved %d optimizer(s) and %d loader(s); this run prepared %d and %d (a loader that only "+
+			"some runs prepare, such as one made inside an evaluation function, belongs out of checkpoints: "+
+			"prepare it with prepare.SkipCheckpoint())", len(s.Optimizers), len(s.Loaders), len(a.optimizers), len(loaders))
 	}
 	for i, o := range a.optimizers {
 		so := s.Optimizers[i]
@@ -282,7 +286,7 @@ func (a *Accelerator) compatible(s savedState) error {
 			return fmt.Errorf("optimizer %d has negative step counts (%d applied, %d skipped)", i, so.Steps, so.Skipped)
 		}
 	}
-	for i, l := range a.loaders {
+	for i, l := range a.checkpointedLoaders() {
 		sl := s.Loaders[i]
 		if sl.BatchSize != 0 && sl.BatchSize != l.BatchSize() {
 			return fmt.Errorf("data loader %d was saved with batch size %d per process, this run uses %d: its "+
@@ -377,7 +381,7 @@ func (a *Accelerator) applyLoad(plan *loadPlan) error {
 	for i, o := range a.optimizers {
 		resume.Optimizer.Restore(o, s.Optimizers[i].Steps, s.Optimizers[i].Skipped)
 	}
-	for i, l := range a.loaders {
+	for i, l := range a.checkpointedLoaders() {
 		if err := resume.Loader.Restore(l, s.Loaders[i].Epoch, s.Loaders[i].Position); err != nil {
 			return fmt.Errorf("accel: loading state: %w", err)
 		}

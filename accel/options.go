@@ -17,6 +17,7 @@ type Option func(*config)
 type config struct {
 	accumulationSteps int
 	syncEachBatch     bool
+	splitBatches      bool
 	bucketCapMB       float64
 	seed              uint64
 	backend           string
@@ -28,6 +29,7 @@ type config struct {
 	timeout           time.Duration
 	checkpointLimit   int
 	out               io.Writer
+	trackers          []Tracker
 }
 
 // CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true.
@@ -63,9 +65,15 @@ func WithGradientAccumulationSteps(k int) Option {
 	return func(c *config) { c.accumulationSteps = k }
 }
 
-// WithSyncEachBatch makes Accumulate sync on every call while still scaling gradients by 1/K: useful when
-// memory, not communication, is the reason for accumulating.
+// WithSyncEachBatch makes Accumulate all-reduce every micro-batch's gradients as soon as they exist, while
+// the optimizer still steps every K-th micro-batch (Accelerate's sync_each_batch). The weights are those of
+// plain accumulation, up to float rounding; it costs K all-reduces per step instead of one, for a user
+// whose micro-batches are bounded by memory and who would rather overlap communication with each backward.
 func WithSyncEachBatch() Option { return func(c *config) { c.syncEachBatch = true } }
+
+// WithSplitBatches makes the batch size given to PrepareDataLoader global: each of N processes takes 1/N of
+// it (Accelerate's split_batches; see prepare.SplitBatches). By default the batch size is per process.
+func WithSplitBatches() Option { return func(c *config) { c.splitBatches = true } }
 
 // WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). Smaller buckets start
 // communicating earlier; larger ones pay per-call overheads less often.

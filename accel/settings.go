@@ -15,6 +15,7 @@ func (a *Accelerator) settings() []replicas.Setting {
 	s := []replicas.Setting{
 		{Name: "gradient accumulation steps (K)", Value: fmt.Sprint(a.state.Steps())},
 		{Name: "sync each batch", Value: fmt.Sprint(a.state.SyncEachBatch())},
+		{Name: "split batches", Value: fmt.Sprint(a.cfg.splitBatches)},
 		{Name: "seed", Value: fmt.Sprint(a.cfg.seed)},
 		{Name: "bucket cap (MB)", Value: fmt.Sprint(a.cfg.bucketCapMB)},
 		{Name: "replica check", Value: fmt.Sprint(a.cfg.checkReplicas)},
@@ -26,7 +27,8 @@ func (a *Accelerator) settings() []replicas.Setting {
 	for i, l := range a.loaders {
 		s = append(s,
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batch size per process", i), Value: fmt.Sprint(l.BatchSize())},
-			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())})
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())},
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())})
 	}
 	for i, o := range a.optimizers {
 		s = append(s, replicas.Setting{Name: fmt.Sprintf("optimizer %d's configuration", i), Value: resume.Optimizer.Describe(o)})

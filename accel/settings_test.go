@@ -25,6 +25,7 @@ type settingsRun struct {
 	seed  uint64
 	batch int
 	lr    float64
+	split bool
 }
 
 // settingsCases give the last rank (or, for the seed, every rank) a setting of its own. want is what the
@@ -52,6 +53,14 @@ var settingsCases = map[string]struct {
 		func(size int) string {
 			return "disagree on data loader 0's batch size per process: " + others(size) + " 2; " +
 				fmt.Sprintf("rank %d has 1", size-1)
+		},
+	},
+	"split batches": {
+		func(rank, size int) settingsRun {
+			return settingsRun{k: 2, seed: 1, batch: 4, lr: 0.01, split: rank == size-1}
+		},
+		func(size int) string {
+			return "disagree on split batches: " + others(size) + " false; " + fmt.Sprintf("rank %d has true", size-1)
 		},
 	},
 	"learning rate": {
@@ -96,8 +105,11 @@ func TestMPISettingsMismatch(t *testing.T) {
 			// Every rank must run the cases in the same order: their collectives match by order.
 			for _, name := range slices.Sorted(maps.Keys(settingsCases)) {
 				s := settingsCases[name].run(keeper.Rank(), keeper.Size())
-				acc, err := accel.New(accel.WithBackend("go"), accel.WithGradientAccumulationSteps(s.k),
-					accel.WithSeed(s.seed))
+				opts := []accel.Option{accel.WithBackend("go"), accel.WithGradientAccumulationSteps(s.k), accel.WithSeed(s.seed)}
+				if s.split {
+					opts = append(opts, accel.WithSplitBatches())
+				}
+				acc, err := accel.New(opts...)
 				if err != nil {
 					return nil, err
 				}

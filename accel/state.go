@@ -37,6 +37,8 @@ type savedState struct {
 	Models            []savedModel        `json:"models"`
 	Optimizers        []savedOptimizer    `json:"optimizers"`
 	Loaders           []savedLoader       `json:"loaders"`
+	// LogRecords is the number of records logged with Log before the checkpoint.
+	LogRecords int64 `json:"log_records,omitempty"`
 }
 
 type savedModel struct {
@@ -113,6 +115,9 @@ func (a *Accelerator) currentState() (savedState, error) {
 	s := savedState{Format: stateFormat, WorldSize: a.WorldSize(), AccumulationSteps: a.state.Steps(),
 		SyncEachBatch: a.state.SyncEachBatch(), BucketCapMB: a.cfg.bucketCapMB, Seed: a.cfg.seed,
 		Backend: a.compute.Name(), Gradient: a.state.Position()}
+	if a.IsMainProcess() {
+		s.LogRecords = a.logRecords
+	}
 	for i, m := range a.models {
 		if !m.Materialized() {
 			return s, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
@@ -134,11 +139,22 @@ func (a *Accelerator) currentState() (savedState, error) {
 		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: o.Steps(), Skipped: o.SkippedSteps(),
 			Kind: resume.Optimizer.Kind(o)})
 	}
-	for _, l := range a.loaders {
+	for _, l := range a.checkpointedLoaders() {
 		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position(), BatchSize: l.BatchSize(),
 			Batches: l.Len()})
 	}
 	return s, nil
+}
+
+// checkpointedLoaders are the prepared loaders whose positions checkpoints hold, in order.
+func (a *Accelerator) checkpointedLoaders() []*prepare.DataLoader {
+	var loaders []*prepare.DataLoader
+	for _, l := range a.loaders {
+		if l.Checkpointed() {
+			loaders = append(loaders, l)
+		}
+	}
+	return loaders
 }
 
 // writeState fills a checkpoint directory (main process only).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
@@ -14,12 +15,14 @@ import (
 
 // PrepareModel wraps a GoMLX model: ctx holds (or will hold) its variables, modelFn builds predictions and
 // lossFn a scalar loss. The variables are created, or taken from ctx if it already has them, on the first
-// Backward; replicas are then made identical to rank 0's.
-func (a *Accelerator) PrepareModel(ctx *context.Context, modelFn prepare.ModelFn, lossFn prepare.LossFn) (*prepare.Model, error) {
+// Backward; replicas are then made identical to rank 0's. Options add in-graph training metrics
+// (prepare.TrainMetrics) that Backward returns through Metrics.
+func (a *Accelerator) PrepareModel(ctx *context.Context, modelFn prepare.ModelFn, lossFn prepare.LossFn,
+	opts ...prepare.ModelOption) (*prepare.Model, error) {
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
-	m, err := prepare.NewModel(a.rt, ctx, modelFn, lossFn)
+	m, err := prepare.NewModel(a.rt, ctx, modelFn, lossFn, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -49,12 +52,17 @@ func (a *Accelerator) PrepareOptimizer(model *prepare.Model, opt optimizers.Inte
 	return o, nil
 }
 
-// PrepareDataLoader shards an indexable source across ranks; the batch size is per rank.
+// PrepareDataLoader shards an indexable source across ranks; the batch size is per rank, or global with
+// WithSplitBatches.
 func (a *Accelerator) PrepareDataLoader(source prepare.Source, opts ...prepare.LoaderOption) (*prepare.DataLoader, error) {
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
-	l, err := prepare.NewDataLoader(a.rt, source, append([]prepare.LoaderOption{prepare.Seed(a.cfg.seed)}, opts...)...)
+	opts = append([]prepare.LoaderOption{prepare.Seed(a.cfg.seed)}, opts...)
+	if a.cfg.splitBatches {
+		opts = append(opts, prepare.SplitBatches())
+	}
+	l, err := prepare.NewDataLoader(a.rt, source, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -78,14 +86,30 @@ func (a *Accelerator) PrepareDataset(ds train.Dataset, opts ...prepare.LoaderOpt
 // BackwardOption configures one Backward call.
 type BackwardOption func(*backwardConfig)
 
-type backwardConfig struct{ lossScale float64 }
+type backwardConfig struct {
+	lossScale        float64
+	outputs, metrics *[]*tensors.Tensor
+}
+
+// Outputs stores the model's outputs (predictions, computed in training mode) for the batch in *dst, from
+// the same forward pass as the gradients: training accuracy needs no second forward.
+func Outputs(dst *[]*tensors.Tensor) BackwardOption {
+	return func(c *backwardConfig) { c.outputs = dst }
+}
+
+// Metrics stores the values of the model's in-graph training metrics (prepare.TrainMetrics) for the batch
+// in *dst; nil when the model has none.
+func Metrics(dst *[]*tensors.Tensor) BackwardOption {
+	return func(c *backwardConfig) { c.metrics = dst }
+}
 
 // LossScale multiplies this micro-batch's loss (and so its gradients) by s, on top of the 1/K that
 // Accumulate applies. The manual NoSync pattern uses it to average K micro-batches: LossScale(1.0/K).
 func LossScale(s float64) BackwardOption { return func(c *backwardConfig) { c.lossScale = s } }
 
 // Backward runs the forward and backward pass of model on batch and adds the gradients to the model's
-// accumulators; on steps that sync it also all-reduces them. It returns this rank's loss for the batch.
+// accumulators; on steps that sync it also all-reduces them. It returns this rank's loss for the batch,
+// including the terms the model added with train.AddLoss (regularizers), which are optimised too.
 func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts ...BackwardOption) (float64, error) {
 	if err := a.checkModel(model); err != nil {
 		return 0, err
@@ -100,7 +124,18 @@ func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts .
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	return model.Backward(batch, a.state.MicroBatchScale()*cfg.lossScale)
+	scale := a.state.MicroBatchScale() * cfg.lossScale
+	if cfg.outputs == nil && cfg.metrics == nil {
+		return model.Backward(batch, scale)
+	}
+	res, err := model.BackwardOutputs(batch, scale)
+	if cfg.outputs != nil {
+		*cfg.outputs = res.Outputs
+	}
+	if cfg.metrics != nil {
+		*cfg.metrics = res.Metrics
+	}
+	return res.Loss, err
 }
 
 // checkBatch refuses nil tensors in a batch, which the model would otherwise dereference.
@@ -134,9 +169,9 @@ func (a *Accelerator) checkModel(model *prepare.Model) error {
 }
 
 // Accumulate runs fn as one micro-batch of gradient accumulation: Backward inside it scales gradients by
-// 1/K, and syncs only on every K-th call, on the data loader's last batch, or always with
-// WithSyncEachBatch. The optimizer's Step and ZeroGrad do nothing on calls that did not sync, so the loop
-// body stays the same as without accumulation.
+// 1/K, and syncs only on every K-th call or on the data loader's last batch (with WithSyncEachBatch it also
+// all-reduces on the other calls, without stepping). The optimizer's Step and ZeroGrad do nothing on calls
+// that did not sync, so the loop body stays the same as without accumulation.
 //
 // The gradient state is the accelerator's, shared by every model it prepared (as in Accelerate): the
 // cycle applies to all of them.

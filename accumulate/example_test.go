@@ -73,3 +73,44 @@ func ExampleGradientState() {
 	// call 5: scale 0.25, sync false
 	// call 6: scale 0.25, sync true, correction 2
 }
+
+// An evaluation loop inside the training loop enters its own loader: while it runs it decides the
+// end-of-dataloader flag, and leaving it gives the training loader's flag back, so the training loader's
+// last batch still ends the accumulation cycle.
+func ExampleGradientState_EnterLoader() {
+	state, _ := accumulate.NewGradientState(2, false)
+	exitTrain := state.EnterLoader("train", 0)
+	state.SetEndOfDataloader(true) // the training loader yields its last batch
+	exitEval := state.EnterLoader("eval", 0)
+	fmt.Println("in the evaluation loop:", state.ActiveLoader(), state.EndOfDataloader())
+	exitEval()
+	fmt.Println("back in training:", state.ActiveLoader(), state.EndOfDataloader())
+	_ = state.Accumulate(func() error {
+		fmt.Println("sync:", state.SyncGradients(), "remainder:", state.Remainder())
+		return nil
+	})
+	exitTrain()
+	fmt.Println("after the loops:", state.ActiveLoader(), state.Remainder())
+	// Output:
+	// in the evaluation loop: eval false
+	// back in training: train true
+	// sync: true remainder: 0
+	// after the loops: <nil> -1
+}
+
+// With SyncEachBatch every micro-batch inside Accumulate is all-reduced (ReduceThisStep), but the
+// optimizer still steps only every K-th (SyncGradients).
+func ExampleGradientState_ReduceThisStep() {
+	state, _ := accumulate.NewGradientState(2, true)
+	for i := 1; i <= 4; i++ {
+		_ = state.Accumulate(func() error {
+			fmt.Printf("call %d: all-reduce %v, step %v\n", i, state.ReduceThisStep(), state.SyncGradients())
+			return nil
+		})
+	}
+	// Output:
+	// call 1: all-reduce true, step false
+	// call 2: all-reduce true, step true
+	// call 3: all-reduce true, step false
+	// call 4: all-reduce true, step true
+}

@@ -8,9 +8,10 @@ import (
 // GradientState decides, for each call of Backward, whether gradients are synchronised. One exists per
 // Accelerator, shared by its models, optimizers and data loaders, as in Accelerate.
 //
-// The rules (docs/semantics.md §3): outside Accumulate and NoSync every Backward syncs. Inside NoSync nothing syncs.
-// Inside Accumulate a call syncs when it is the K-th since the last sync, when the active data loader is
-// yielding its last batch, or always when SyncEachBatch is set.
+// The rules (docs/semantics.md, "When gradients are synchronised"): outside Accumulate and NoSync every
+// Backward syncs. Inside NoSync nothing syncs. Inside Accumulate a call syncs when it is the K-th since the
+// last sync or when the active data loader is yielding its last batch. SyncEachBatch adds an all-reduce on
+// every other Accumulate call too, without making it a step (see ReduceThisStep).
 type GradientState struct {
 	steps         int // K: micro-batches per optimizer step
 	syncEachBatch bool
@@ -21,7 +22,10 @@ type GradientState struct {
 	stepInCycle int
 	// syncThisStep is the decision of the current Accumulate call.
 	syncThisStep bool
-	// endOfDataloader is set by a data loader while it yields its final batch.
+	// loaders is the stack of data loaders being iterated, innermost last: an evaluation loop run inside
+	// the training loop must not clear (or set) the training loader's end-of-dataloader flag.
+	loaders []*loaderFrame
+	// endOfDataloader is the flag SetEndOfDataloader sets while no loader is active.
 	endOfDataloader bool
 
 	// scaledMicroBatches counts micro-batches added with the 1/K scale since the last sync, and
@@ -42,7 +46,7 @@ func NewGradientState(steps int, syncEachBatch bool) (*GradientState, error) {
 // Steps is K, the number of micro-batches per optimizer step.
 func (s *GradientState) Steps() int { return s.steps }
 
-// SyncEachBatch reports whether Accumulate syncs on every call.
+// SyncEachBatch reports whether Accumulate all-reduces on every call (the optimizer still steps every K-th).
 func (s *GradientState) SyncEachBatch() bool { return s.syncEachBatch }
 
 // InAccumulate reports whether an Accumulate call is running.
@@ -63,11 +67,71 @@ func (s *GradientState) SyncGradients() bool {
 // StepInCycle is the number of Accumulate calls since the last sync.
 func (s *GradientState) StepInCycle() int { return s.stepInCycle }
 
-// SetEndOfDataloader is called by data loaders: true while the final batch is being processed.
-func (s *GradientState) SetEndOfDataloader(end bool) { s.endOfDataloader = end }
+// ReduceThisStep reports whether the current Backward all-reduces gradients: on every step that syncs,
+// and with SyncEachBatch on every Accumulate call outside NoSync, where the reduced micro-batch stays in the
+// accumulators until the K-th call steps.
+func (s *GradientState) ReduceThisStep() bool {
+	return s.SyncGradients() || (s.syncEachBatch && s.inAccumulate && s.noSyncDepth == 0)
+}
 
-// EndOfDataloader reports whether the active loader is at its last batch.
-func (s *GradientState) EndOfDataloader() bool { return s.endOfDataloader }
+// loaderFrame is one data loader being iterated.
+type loaderFrame struct {
+	owner     any
+	end       bool
+	remainder int
+}
+
+// EnterLoader records that owner (a data loader) starts iterating, with remainder as Remainder's value
+// while it is the innermost. The returned function ends that iteration; loaders call it when their loop
+// ends, broken out of or not. Loaders nest: the innermost one decides EndOfDataloader, and leaving it gives
+// the decision back to the one outside it.
+func (s *GradientState) EnterLoader(owner any, remainder int) (exit func()) {
+	frame := &loaderFrame{owner: owner, remainder: remainder}
+	s.loaders = append(s.loaders, frame)
+	return func() {
+		for i := len(s.loaders) - 1; i >= 0; i-- {
+			if s.loaders[i] == frame {
+				s.loaders = append(s.loaders[:i], s.loaders[i+1:]...)
+				return
+			}
+		}
+	}
+}
+
+// SetEndOfDataloader is called by data loaders: true while the final batch is being processed. It sets
+// the innermost active loader's flag (a plain flag when no loader was entered).
+func (s *GradientState) SetEndOfDataloader(end bool) {
+	if n := len(s.loaders); n > 0 {
+		s.loaders[n-1].end = end
+		return
+	}
+	s.endOfDataloader = end
+}
+
+// EndOfDataloader reports whether the innermost active loader is at its last batch.
+func (s *GradientState) EndOfDataloader() bool {
+	if n := len(s.loaders); n > 0 {
+		return s.loaders[n-1].end
+	}
+	return s.endOfDataloader
+}
+
+// ActiveLoader is the innermost data loader being iterated, or nil.
+func (s *GradientState) ActiveLoader() any {
+	if n := len(s.loaders); n > 0 {
+		return s.loaders[n-1].owner
+	}
+	return nil
+}
+
+// Remainder is what the innermost active loader entered with (see EnterLoader), or -1 when none is
+// active.
+func (s *GradientState) Remainder() int {
+	if n := len(s.loaders); n > 0 {
+		return s.loaders[n-1].remainder
+	}
+	return -1
+}
 
 // ErrNestedAccumulate is returned when Accumulate is called inside Accumulate.
 var ErrNestedAccumulate = errors.New("accumulate: Accumulate called inside Accumulate; call it once per batch")
@@ -78,7 +142,7 @@ func (s *GradientState) Accumulate(fn func() error) error {
 		return ErrNestedAccumulate
 	}
 	s.stepInCycle++
-	s.syncThisStep = s.syncEachBatch || s.endOfDataloader || s.stepInCycle%s.steps == 0
+	s.syncThisStep = s.EndOfDataloader() || s.stepInCycle%s.steps == 0
 	s.inAccumulate = true
 	defer func() {
 		s.inAccumulate = false
@@ -143,9 +207,14 @@ type Position struct {
 	UnscaledMicroBatches int `json:"unscaled_micro_batches"`
 }
 
-// Position returns the resumable part of the state.
+// Position returns the resumable part of the state. Inside the Accumulate call that syncs, the cycle is
+// over (a checkpoint written there, after the optimizer's step, resumes at the next cycle's start).
 func (s *GradientState) Position() Position {
-	return Position{StepInCycle: s.stepInCycle, ScaledMicroBatches: s.scaledMicroBatches,
+	step := s.stepInCycle
+	if s.inAccumulate && s.syncThisStep {
+		step = 0
+	}
+	return Position{StepInCycle: step, ScaledMicroBatches: s.scaledMicroBatches,
 		UnscaledMicroBatches: s.unscaledMicroBatches}
 }
 

@@ -121,8 +121,10 @@ func TestNoSync(t *testing.T) {
 			s.SetEndOfDataloader(true)
 			defer s.SetEndOfDataloader(false)
 			return s.Accumulate(func() error {
+				assert.True(t, s.ReduceThisStep())
 				return s.NoSync(func() error {
 					assert.False(t, s.SyncGradients())
+					assert.False(t, s.ReduceThisStep(), "NoSync wins over SyncEachBatch")
 					return nil
 				})
 			})
@@ -164,8 +166,8 @@ func TestAccumulateSyncPattern(t *testing.T) {
 		{name: "K=4 end of dataloader on a K-th call", k: 4, ends: map[int]bool{4: true}, want: "...S...S"},
 		{name: "K=3 two epochs of 5 batches", k: 3, ends: map[int]bool{5: true, 10: true}, want: "..S.S..S.S"},
 		{name: "K=1 end of dataloader", k: 1, ends: map[int]bool{2: true}, want: "SSS"},
-		{name: "SyncEachBatch", k: 4, syncEachBatch: true, want: "SSSSSS"},
-		{name: "SyncEachBatch with end of dataloader", k: 4, syncEachBatch: true, ends: map[int]bool{3: true}, want: "SSSS"},
+		{name: "SyncEachBatch steps every K-th", k: 4, syncEachBatch: true, want: "...S.."},
+		{name: "SyncEachBatch with end of dataloader", k: 4, syncEachBatch: true, ends: map[int]bool{3: true}, want: "..S."},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,6 +181,7 @@ func TestAccumulateSyncPattern(t *testing.T) {
 					assert.True(t, s.InAccumulate())
 					assert.Equal(t, stepInCycle, s.StepInCycle(), "call %d", i+1)
 					assert.Equal(t, want[i], s.SyncGradients(), "call %d", i+1)
+					assert.Equal(t, want[i] || tc.syncEachBatch, s.ReduceThisStep(), "call %d all-reduces", i+1)
 					assert.Equal(t, 1/float64(tc.k), s.MicroBatchScale())
 					return nil
 				}))
@@ -384,4 +387,53 @@ func TestPositionRestore(t *testing.T) {
 			assert.Equal(t, valid, s.Position(), "a rejected Restore must not change the state")
 		}
 	})
+}
+
+// TestNestedLoaders: an inner loader (an evaluation loop inside the training loop) decides the
+// end-of-dataloader flag only while it runs; leaving it gives the outer loader its own flag back, so the
+// training loader's last micro-batch still syncs (K=2 over 3 batches: .SS).
+func TestNestedLoaders(t *testing.T) {
+	s := newState(t, 2, false)
+	outer, inner := "train", "eval"
+	assert.Nil(t, s.ActiveLoader())
+	assert.Equal(t, -1, s.Remainder())
+	exitOuter := s.EnterLoader(outer, 1)
+	var synced []bool
+	for i := range 3 {
+		s.SetEndOfDataloader(i == 2)
+		// The evaluation loop runs before Accumulate, and ends at its own last batch.
+		exitInner := s.EnterLoader(inner, 0)
+		assert.Equal(t, inner, s.ActiveLoader())
+		assert.Equal(t, 0, s.Remainder())
+		assert.False(t, s.EndOfDataloader(), "a new loader starts at its first batch")
+		s.SetEndOfDataloader(true)
+		exitInner()
+		assert.Equal(t, outer, s.ActiveLoader())
+		assert.Equal(t, 1, s.Remainder())
+		assert.Equal(t, i == 2, s.EndOfDataloader(), "batch %d: the outer loader's flag is back", i)
+		require.NoError(t, s.Accumulate(func() error {
+			synced = append(synced, s.SyncGradients())
+			return nil
+		}))
+	}
+	exitOuter()
+	assert.Equal(t, pattern(".SS"), synced)
+	assert.Nil(t, s.ActiveLoader())
+	assert.False(t, s.EndOfDataloader())
+	assert.Zero(t, s.StepInCycle(), "no micro-batch leaks into the next epoch")
+}
+
+// TestPositionInsideTheSyncingCall: a checkpoint taken inside the Accumulate call that syncs (after the
+// optimizer's step) resumes at the next cycle's start; inside a call that does not sync, at the call after.
+func TestPositionInsideTheSyncingCall(t *testing.T) {
+	s := newState(t, 2, false)
+	var positions []int
+	for range 2 {
+		require.NoError(t, s.Accumulate(func() error {
+			positions = append(positions, s.Position().StepInCycle)
+			return nil
+		}))
+	}
+	assert.Equal(t, []int{1, 0}, positions)
+	require.NoError(t, newState(t, 2, false).CheckPosition(s.Position()))
 }

@@ -57,3 +57,43 @@ func ExampleDataLoader() {
 	// rank 1: [2 4] (valid 2) [7 3] (valid 1)
 	// rank 2: [5 1] (valid 2) [9 2] (valid 1)
 }
+
+// With SplitBatches the batch size is global: two ranks with BatchSize(4) each take 2 examples per step,
+// and every step covers the same 4 examples a single process would.
+func ExampleSplitBatches() {
+	backend, _ := compute.New(compute.Config{Backend: "go"})
+	values := make([]float32, 8)
+	source, _ := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(values, 8)}, nil)
+	comms, _ := backends.NewInProcessGroup(2)
+	for rank, comm := range comms {
+		state, _ := accumulate.NewGradientState(1, false)
+		rt := &prepare.Runtime{Backend: backend, Comm: comm, State: state}
+		loader, err := prepare.NewDataLoader(rt, source, prepare.BatchSize(4), prepare.SplitBatches())
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("rank %d, %d per batch:", rank, loader.BatchSize())
+		for batch := range loader.All() {
+			fmt.Printf(" %v", batch.Indices)
+		}
+		fmt.Println()
+	}
+	// Output:
+	// rank 0, 2 per batch: [0 2] [4 6]
+	// rank 1, 2 per batch: [1 3] [5 7]
+}
+
+// SkipCheckpoint leaves a loader out of checkpoints, for an evaluation loader prepared inside an evaluate
+// function: a resumed run that has not evaluated yet then matches the saved one.
+func ExampleSkipCheckpoint() {
+	backend, _ := compute.New(compute.Config{Backend: "go"})
+	source, _ := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(make([]float32, 4), 4)}, nil)
+	state, _ := accumulate.NewGradientState(1, false)
+	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
+	train, _ := prepare.NewDataLoader(rt, source, prepare.BatchSize(2))
+	eval, _ := prepare.NewDataLoader(rt, source, prepare.BatchSize(2), prepare.SkipCheckpoint())
+	fmt.Println("train checkpointed:", train.Checkpointed(), "eval checkpointed:", eval.Checkpointed())
+	// Output:
+	// train checkpointed: true eval checkpointed: false
+}

@@ -43,10 +43,27 @@ type loaderConfig struct {
 	evenBatches bool
 	seed        uint64
 	prefetch    bool
+	split       bool
+	// noCheckpoint leaves the loader out of the Accelerator's checkpoints.
+	noCheckpoint bool
 }
 
 // BatchSize sets the per-rank batch size: N ranks each take this many examples per step.
 func BatchSize(n int) LoaderOption { return func(c *loaderConfig) { c.batchSize = n } }
+
+// SplitBatches makes BatchSize the global batch size, split evenly across the ranks (Accelerate's
+// split_batches): with N ranks each takes BatchSize/N examples per step, so the examples per step stay
+// the same whatever the number of processes. The batch size must divide by N. Indexable sources only.
+func SplitBatches() LoaderOption { return func(c *loaderConfig) { c.split = true } }
+
+// SkipCheckpoint leaves the loader out of checkpoints: SaveState does not record its position and
+// LoadState neither expects nor restores one. Use it for loaders that only some runs prepare, or prepare at
+// another point of the program — an evaluation loader made inside an evaluate function — whose position
+// does not matter for resuming training.
+func SkipCheckpoint() LoaderOption { return func(c *loaderConfig) { c.noCheckpoint = true } }
+
+// Checkpointed reports whether checkpoints record the loader's position (see SkipCheckpoint).
+func (l *DataLoader) Checkpointed() bool { return !l.cfg.noCheckpoint }
 
 // Shuffle permutes the examples every epoch, identically on every rank (seed + epoch).
 func Shuffle() LoaderOption { return func(c *loaderConfig) { c.shuffle = true } }
@@ -120,6 +137,9 @@ func NewStreamLoader(rt *Runtime, ds train.Dataset, opts ...LoaderOption) (*Data
 	if err != nil {
 		return nil, err
 	}
+	if l.cfg.split {
+		return nil, errors.New("prepare: split batches needs an indexable source: a stream's batches come whole")
+	}
 	l.stream = ds
 	return l, nil
 }
@@ -134,6 +154,13 @@ func newLoader(rt *Runtime, opts []LoaderOption) (*DataLoader, error) {
 	}
 	if cfg.batchSize < 1 {
 		return nil, fmt.Errorf("prepare: batch size must be at least 1, got %d", cfg.batchSize)
+	}
+	if size := rt.Comm.Size(); cfg.split {
+		if cfg.batchSize%size != 0 {
+			return nil, fmt.Errorf("prepare: split batches: the global batch size %d does not divide by the %d "+
+				"processes; choose a multiple of %d", cfg.batchSize, size, size)
+		}
+		cfg.batchSize /= size
 	}
 	return &DataLoader{rt: rt, cfg: cfg}, nil
 }
@@ -156,7 +183,7 @@ func (l *DataLoader) SetEpoch(epoch int) {
 // Epoch is the epoch of the current (or next) iteration.
 func (l *DataLoader) Epoch() int { return l.epoch }
 
-// BatchSize is the per-rank batch size.
+// BatchSize is the per-rank batch size (with SplitBatches, the global one divided by the world size).
 func (l *DataLoader) BatchSize() int { return l.cfg.batchSize }
 
 // Position is the number of batches of the current epoch already yielded.
@@ -185,6 +212,19 @@ func (l *DataLoader) Len() int {
 		return shardLen / l.cfg.batchSize
 	}
 	return (shardLen + l.cfg.batchSize - 1) / l.cfg.batchSize
+}
+
+// remainder is the number of real examples in the epoch's last round of batches across all ranks, when
+// it is not complete (n mod N·b, as Accelerate's GradientState.remainder); 0 when every round is full or
+// drop-last cuts the tail; -1 for a stream, whose length is unknown.
+func (l *DataLoader) remainder() int {
+	if l.stream != nil {
+		return -1
+	}
+	if l.cfg.dropLast {
+		return 0
+	}
+	return l.source.Len() % (l.cfg.batchSize * l.rt.Comm.Size())
 }
 
 // shardLen is the number of examples (padding included) this rank gets per epoch.
@@ -238,9 +278,13 @@ func (l *DataLoader) All() iter.Seq2[Batch, error] {
 		}
 		l.beginEpoch()
 		l.iterating = true
+		// The loader is the innermost active one until its loop ends: a loop over another loader inside
+		// this one's (an evaluation during training) keeps its own end-of-dataloader flag.
+		exit := l.rt.State.EnterLoader(l, l.remainder())
 		defer func() {
 			l.iterating = false
 			l.rt.State.SetEndOfDataloader(false)
+			exit()
 		}()
 		if l.stream != nil {
 			l.iterateStream(yield)

@@ -855,3 +855,45 @@ func TestLoaderPrefetch(t *testing.T) {
 		})
 	}
 }
+
+// TestLoaderSplitBatches: the batch size is global and divided among the ranks; the ranks' batches of a
+// step together are the step's global batch, and the remainder counts global batches.
+func TestLoaderSplitBatches(t *testing.T) {
+	for _, tc := range []struct {
+		ranks, global, n int
+		wantPerRank      int
+		wantErr          string
+	}{
+		{ranks: 1, global: 4, n: 10, wantPerRank: 4},
+		{ranks: 2, global: 4, n: 10, wantPerRank: 2},
+		{ranks: 4, global: 4, n: 10, wantPerRank: 1},
+		{ranks: 2, global: 3, n: 10, wantErr: "global batch size 3 does not divide by the 2 processes"},
+	} {
+		t.Run(fmt.Sprintf("ranks=%d/global=%d", tc.ranks, tc.global), func(t *testing.T) {
+			rts := loaderRuntimes(t, tc.ranks, 1)
+			if tc.wantErr != "" {
+				_, err := prepare.NewDataLoader(rts[0], rangeSource(t, tc.n), prepare.BatchSize(tc.global), prepare.SplitBatches())
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				return
+			}
+			loaders := newLoaders(t, rts, rangeSource(t, tc.n), prepare.BatchSize(tc.global), prepare.SplitBatches())
+			for _, l := range loaders {
+				assert.Equal(t, tc.wantPerRank, l.BatchSize())
+			}
+			perRank := allRanksEpoch(t, loaders)
+			for step := range perRank[0] {
+				var global []int
+				for r := range tc.ranks {
+					global = append(global, perRank[r][step].Indices...)
+				}
+				slices.Sort(global)
+				want := identity(tc.n)[min(step*tc.global, tc.n):min((step+1)*tc.global, tc.n)]
+				assert.Subset(t, global, want, "step %d covers the global batch", step)
+			}
+		})
+	}
+	_, err := prepare.NewStreamLoader(loaderRuntimes(t, 1, 1)[0], newListDataset(4, 2, 0), prepare.SplitBatches())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "split batches needs an indexable source")
+}

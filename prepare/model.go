@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
@@ -12,7 +14,9 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/context/initializers"
+	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
+	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/internal/replicas"
@@ -50,7 +54,12 @@ type Model struct {
 	reducer *accumulate.Reducer
 
 	microExec *context.Exec
-	evalExec  *context.Exec
+	// outputsExec is the micro-step that also outputs predictions and metrics, compiled on first use.
+	outputsExec *context.Exec
+	metricsFn   MetricsFn
+	// numOutputs is the number of predictions the model function returns.
+	numOutputs int
+	evalExec   *context.Exec
 
 	// onMaterialize runs after the plan exists and variables are initialised, before replicas are synced:
 	// optimizers prepared before the first batch build their state here so it is broadcast too.
@@ -68,6 +77,13 @@ type Model struct {
 	// localLossNonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank.
 	localLossNonFinite bool
 
+	// scheduleVars are the variables the model function updates in an optimizer scope (a learning-rate
+	// schedule's step counter and rate): their updates are kept only on the micro-batch whose optimizer
+	// step follows, so schedules count optimizer steps, not micro-batches. scheduleBefore holds their values
+	// from before that micro-batch, restored if the step is skipped.
+	scheduleVars   []*context.Variable
+	scheduleBefore []*tensors.Tensor
+
 	computeTime time.Duration
 	microSteps  int64
 }
@@ -75,7 +91,7 @@ type Model struct {
 // NewModel prepares a model. Variables are created (or reused, if ctx already has them) the first time a
 // batch is seen, because GoMLX creates variables while building the graph for concrete input shapes; pass
 // an example batch to Materialize to do it earlier.
-func NewModel(rt *Runtime, ctx *context.Context, modelFn ModelFn, lossFn LossFn) (*Model, error) {
+func NewModel(rt *Runtime, ctx *context.Context, modelFn ModelFn, lossFn LossFn, opts ...ModelOption) (*Model, error) {
 	if err := rt.validate(); err != nil {
 		return nil, err
 	}
@@ -87,7 +103,30 @@ func NewModel(rt *Runtime, ctx *context.Context, modelFn ModelFn, lossFn LossFn)
 	case lossFn == nil:
 		return nil, errors.New("prepare: loss function is nil")
 	}
-	return &Model{rt: rt, ctx: ctx, modelFn: modelFn, lossFn: lossFn}, nil
+	m := &Model{rt: rt, ctx: ctx, modelFn: modelFn, lossFn: lossFn}
+	for _, opt := range opts {
+		opt(m)
+	}
+	return m, nil
+}
+
+// ModelOption configures a prepared model.
+type ModelOption func(*Model)
+
+// MetricsFn computes in-graph training metrics (accuracy, …) from a micro-batch's labels and the model's
+// predictions, in the training graph, so that reading them costs no second forward pass.
+type MetricsFn func(ctx *context.Context, labels, predictions []*Node) []*Node
+
+// TrainMetrics makes BackwardOutputs also return fn's metrics for each micro-batch.
+func TrainMetrics(fn MetricsFn) ModelOption { return func(m *Model) { m.metricsFn = fn } }
+
+// BackwardResult is what BackwardOutputs returns for one micro-batch on this rank.
+type BackwardResult struct {
+	Loss float64
+	// Outputs are the model function's outputs (predictions) for the batch, computed in training mode.
+	Outputs []*tensors.Tensor
+	// Metrics are the TrainMetrics function's values; nil without one.
+	Metrics []*tensors.Tensor
 }
 
 // Context is the GoMLX context holding the model's variables.
@@ -125,7 +164,7 @@ func (m *Model) Materialize(batch Batch) (err error) {
 	m.firstInputs, m.firstLabels = tensorShapes(batch.Inputs), tensorShapes(batch.Labels)
 	// Build the training graph once without running it: that creates the variables and the bucket plan.
 	// (A context.Exec's PreCompile would donate the buffers of the variables the graph changes.)
-	probeGraph(m.rt, "goaccel_model_probe", m.microStepArgs(batch, 1), func(g *Graph, params []*Node) {
+	probeGraph(m.rt, "goaccel_model_probe", m.microStepArgs(batch, 1, true), func(g *Graph, params []*Node) {
 		m.microStepGraph(m.ctx, params)
 	})
 	if err := m.checkMemory(); err != nil {
@@ -174,16 +213,31 @@ func (m *Model) ReplicatedVariables() []*context.Variable {
 
 func isBucketVariable(v *context.Variable) bool { return v.Scope() == bucketScope }
 
+// microStepOutputsGraph is microStepGraph that also outputs the predictions and the training metrics.
+func (m *Model) microStepOutputsGraph(ctx *context.Context, nodes []*Node) []*Node {
+	return m.buildMicroStep(ctx, nodes, true)
+}
+
 // microStepGraph is the compiled micro-batch step: forward, loss, gradients of the planned parameters,
 // flattened and added (times the micro-batch scale) into the bucket accumulators. Outputs the loss.
 func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
+	return m.buildMicroStep(ctx, nodes, false)
+}
+
+func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs bool) []*Node {
 	g := nodes[0].Graph()
 	ctx.SetTraining(g, true)
 	nIn, nLab := len(m.firstInputs), len(m.firstLabels)
-	if len(nodes) != nIn+nLab+1 {
+	if len(nodes) != nIn+nLab+2 {
 		panic(fmt.Sprintf("training step built with %d inputs and %d labels, got %d nodes", nIn, nLab, len(nodes)))
 	}
-	inputs, labels, scale := nodes[:nIn], nodes[nIn:nIn+nLab], nodes[nIn+nLab]
+	inputs, labels, scale, advance := nodes[:nIn], nodes[nIn:nIn+nLab], nodes[nIn+nLab], nodes[nIn+nLab+1]
+	// Read the schedule variables before the model function moves them, to keep their old values on
+	// micro-batches that do not step.
+	before := make([]*Node, len(m.scheduleVars))
+	for i, v := range m.scheduleVars {
+		before[i] = v.ValueGraph(g)
+	}
 	predictions := m.modelFn(ctx, inputs)
 	loss := m.lossFn(labels, predictions)
 	if loss == nil {
@@ -192,9 +246,21 @@ func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
 	if !loss.Shape().IsScalar() {
 		panic(fmt.Sprintf("the loss must be a scalar (reduce it with ReduceAllMean), got shape %s", loss.Shape()))
 	}
+	// Terms the model added with train.AddLoss (regularizers such as regularizers.L2 on layers.Dense) are
+	// part of what is optimised, as in GoMLX's Trainer.
+	train.SetLossNoRegularization(ctx, loss)
+	train.AddLoss(ctx, loss)
+	loss = train.GetLosses(ctx, g)
 	if m.plan.Params == nil {
 		m.planFromGraph(ctx, g)
 		m.lossDType = loss.DType()
+		m.scheduleVars = scheduleVariables(ctx, g)
+	} else {
+		for i, v := range m.scheduleVars {
+			if v.ChangedInGraph(g) {
+				v.SetValueGraph(Where(advance, v.ValueGraph(g), before[i]))
+			}
+		}
 	}
 	values := make([]*Node, len(m.params))
 	for i, v := range m.params {
@@ -207,7 +273,15 @@ func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
 	for b, acc := range m.buckets {
 		acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
 	}
-	return []*Node{ConvertDType(loss, dtypes.Float64)}
+	out := []*Node{ConvertDType(loss, dtypes.Float64)}
+	if withOutputs {
+		m.numOutputs = len(predictions)
+		out = append(out, predictions...)
+		if m.metricsFn != nil {
+			out = append(out, m.metricsFn(ctx, labels, predictions)...)
+		}
+	}
+	return out
 }
 
 // planFromGraph runs once, while the first training graph is built: the model function has just created
@@ -236,15 +310,32 @@ func (m *Model) planFromGraph(ctx *context.Context, g *Graph) {
 	}
 }
 
-func (m *Model) microStepArgs(batch Batch, scale float64) []any {
-	args := make([]any, 0, len(batch.Inputs)+len(batch.Labels)+1)
+// scheduleVariables are the non-trainable variables the model function changed in g inside an
+// optimizers scope: what GoMLX's learning-rate schedules (cosineschedule) update from the model function.
+func scheduleVariables(ctx *context.Context, g *Graph) []*context.Variable {
+	var vars []*context.Variable
+	for v := range ctx.IterVariables() {
+		if v.Trainable || isBucketVariable(v) || !v.ChangedInGraph(g) {
+			continue
+		}
+		if slices.Contains(strings.Split(v.Scope(), context.ScopeSeparator), optimizers.Scope) {
+			vars = append(vars, v)
+		}
+	}
+	return vars
+}
+
+// microStepArgs are the micro-step's arguments: the batch, the gradient scale, and whether the optimizer
+// steps after this micro-batch (advance, which lets schedules move).
+func (m *Model) microStepArgs(batch Batch, scale float64, advance bool) []any {
+	args := make([]any, 0, len(batch.Inputs)+len(batch.Labels)+2)
 	for _, t := range batch.Inputs {
 		args = append(args, t)
 	}
 	for _, t := range batch.Labels {
 		args = append(args, t)
 	}
-	return append(args, tensors.FromScalar(scale))
+	return append(args, tensors.FromScalar(scale), tensors.FromScalar(advance))
 }
 
 // checkBatch compares a batch with the shapes the model was built for: only the batch dimension may vary
@@ -287,45 +378,112 @@ func (m *Model) checkBatch(batch Batch) error {
 }
 
 // Backward runs one compiled forward and backward pass on batch, adds the gradients (times scale) into
-// the accumulators and, when the gradient state says this step syncs, all-reduces them. It returns the
-// batch's loss on this rank.
+// the accumulators and, when the gradient state says this step syncs, all-reduces them (with
+// sync-each-batch, every micro-batch inside Accumulate is all-reduced). It returns the batch's loss on this
+// rank, with the terms the model added with train.AddLoss.
 func (m *Model) Backward(batch Batch, scale float64) (loss float64, err error) {
+	res, err := m.backward(batch, scale, false)
+	return res.Loss, err
+}
+
+// BackwardOutputs is Backward that also returns the model's outputs for the batch and the TrainMetrics
+// values, from the same forward pass.
+func (m *Model) BackwardOutputs(batch Batch, scale float64) (BackwardResult, error) {
+	return m.backward(batch, scale, true)
+}
+
+func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res BackwardResult, err error) {
 	defer recovered("prepare: backward", &err)
 	if !m.materialized {
 		if err := m.Materialize(batch); err != nil {
-			return 0, err
+			return res, err
 		}
 	}
 	if err := m.checkBatch(batch); err != nil {
-		return 0, err
+		return res, err
 	}
 	if m.synced {
-		return 0, errors.New("prepare: Backward after a sync whose gradients were not applied: call the " +
+		return res, errors.New("prepare: Backward after a sync whose gradients were not applied: call the " +
 			"optimizer's Step (or ZeroGrad) first")
 	}
+	steps := m.rt.State.SyncGradients()
+	if steps && len(m.scheduleVars) > 0 {
+		if err := m.keepScheduleValues(); err != nil {
+			return res, err
+		}
+	}
+	exec := m.microExec
+	if withOutputs {
+		if m.outputsExec == nil {
+			if m.outputsExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), m.microStepOutputsGraph); err != nil {
+				return res, fmt.Errorf("prepare: creating the training step with outputs: %w", err)
+			}
+			m.outputsExec.SetMaxCache(16)
+		}
+		exec = m.outputsExec
+	}
 	start := time.Now()
-	out, err := m.microExec.Exec(m.microStepArgs(batch, scale)...)
+	out, err := exec.Exec(m.microStepArgs(batch, scale, steps)...)
 	m.computeTime += time.Since(start)
 	if err != nil {
-		return 0, fmt.Errorf("prepare: training step: %w", err)
+		return res, fmt.Errorf("prepare: training step: %w", err)
+	}
+	if withOutputs {
+		res.Outputs = out[1 : 1+m.numOutputs]
+		if len(out) > 1+m.numOutputs {
+			res.Metrics = out[1+m.numOutputs:]
+		}
 	}
 	m.microSteps++
 	m.dirty = true
 	m.rt.State.RecordMicroBatch(scale)
-	loss = tensors.ToScalar[float64](out[0])
-	if !isFinite(loss) {
+	res.Loss = tensors.ToScalar[float64](out[0])
+	if !isFinite(res.Loss) {
 		m.localLossNonFinite = true
 	}
-	if m.rt.State.SyncGradients() {
+	switch {
+	case steps:
 		if err := m.sync(); err != nil {
-			return loss, err
+			return res, err
+		}
+	case m.rt.State.ReduceThisStep():
+		if err := m.reduceMicroBatch(); err != nil {
+			return res, err
 		}
 	}
-	return loss, nil
+	return res, nil
 }
 
-// sync all-reduces the accumulators and records the factor that turns their sum into the mean.
-func (m *Model) sync() error {
+// keepScheduleValues copies the schedule variables' values before the micro-batch that advances them, so
+// that a skipped optimizer step can put them back.
+func (m *Model) keepScheduleValues() error {
+	m.scheduleBefore = m.scheduleBefore[:0]
+	for _, v := range m.scheduleVars {
+		t, err := v.Value()
+		if err == nil {
+			t, err = t.LocalClone()
+		}
+		if err != nil {
+			return fmt.Errorf("prepare: schedule variable %q: %w", v.ScopeAndName(), err)
+		}
+		m.scheduleBefore = append(m.scheduleBefore, t)
+	}
+	return nil
+}
+
+// rewindSchedule undoes the schedule's advance of a step that was not applied.
+func (m *Model) rewindSchedule() error {
+	for i, t := range m.scheduleBefore {
+		if err := m.scheduleVars[i].SetValue(t); err != nil {
+			return fmt.Errorf("prepare: schedule variable %q: %w", m.scheduleVars[i].ScopeAndName(), err)
+		}
+	}
+	m.scheduleBefore = m.scheduleBefore[:0]
+	return nil
+}
+
+// allReduce sums the accumulators across ranks, in place.
+func (m *Model) allReduce() error {
 	buckets := make([]*tensors.Tensor, len(m.buckets))
 	for b, v := range m.buckets {
 		t, err := v.Value()
@@ -338,13 +496,43 @@ func (m *Model) sync() error {
 		// A NaN loss on one rank must stop the step on every rank: poisoning the sum makes every rank see a
 		// non-finite synced gradient, the same decision everywhere without another collective.
 		poisonFirstElement(buckets[0])
+		m.localLossNonFinite = false
 	}
-	if err := m.reducer.Sync(buckets); err != nil {
+	return m.reducer.Sync(buckets)
+}
+
+// reduceMicroBatch all-reduces a micro-batch that does not step (sync each batch). The accumulators then
+// hold the ranks' sum, identical on every rank; dividing it by the world size leaves each rank holding one
+// N-th of it, so the next all-reduce, which adds every rank's share back, counts it exactly once beside
+// the new micro-batch's gradients. The scale is applied on the host: the accumulators are there already
+// after the all-reduce, and a power-of-two world size divides exactly.
+func (m *Model) reduceMicroBatch() error {
+	if err := m.allReduce(); err != nil {
+		return err
+	}
+	size := m.rt.Comm.Size()
+	if size == 1 {
+		return nil
+	}
+	for b, v := range m.buckets {
+		t, err := v.Value()
+		if err != nil {
+			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
+		}
+		if err := t.MutableFlatData(func(flat any) { scaleFlatData(flat, 1/float64(size)) }); err != nil {
+			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
+		}
+	}
+	return nil
+}
+
+// sync all-reduces the accumulators and records the factor that turns their sum into the mean.
+func (m *Model) sync() error {
+	if err := m.allReduce(); err != nil {
 		return err
 	}
 	m.synced = true
 	m.syncScale = m.rt.State.SyncCorrection() / float64(m.rt.Comm.Size())
-	m.localLossNonFinite = false
 	m.rt.State.ResetMicroBatches()
 	return nil
 }
@@ -427,4 +615,14 @@ func poisonFirstElement(t *tensors.Tensor) {
 
 func (m *Model) restoreAccumulation(dirty bool) {
 	m.dirty, m.synced, m.localLossNonFinite = dirty, false, false
+}
+
+// FromTrainModelFn adapts a GoMLX train.ModelFn — the model function GoMLX's Trainer takes, with its spec
+// argument — so that an existing GoMLX model needs no rewrite. spec is passed to every call, as GoMLX's
+// datasets pass the spec of their batches (nil for most models).
+func FromTrainModelFn(fn train.ModelFn, spec any) ModelFn {
+	if fn == nil {
+		return nil
+	}
+	return func(ctx *context.Context, inputs []*Node) []*Node { return fn(ctx, spec, inputs) }
 }

@@ -69,6 +69,9 @@ type Optimizer struct {
 	clipNorm  float64
 	nonFinite NonFinitePolicy
 	afterStep []func() error
+	// beforeStep runs before every applied step, once the update is certain (a Scheduler sets the rate).
+	beforeStep []func() error
+	scheduler  *Scheduler
 
 	applyExec    *context.Exec
 	steps        int64 // optimizer steps applied
@@ -194,11 +197,20 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 			if err := m.clearAccumulators(); err != nil {
 				return false, err
 			}
+			// A schedule in the model function counts applied steps only.
+			if err := m.rewindSchedule(); err != nil {
+				return false, err
+			}
 			if o.nonFinite == NonFiniteSkip {
 				o.skippedSteps++
 				return false, nil
 			}
 			return false, &NonFiniteError{Step: refused}
+		}
+	}
+	for _, fn := range o.beforeStep {
+		if err := fn(); err != nil {
+			return false, fmt.Errorf("prepare: before optimizer step %d: %w", o.steps+1, err)
 		}
 	}
 	start := time.Now()
@@ -208,6 +220,7 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 		return false, fmt.Errorf("prepare: optimizer step: %w", err)
 	}
 	m.synced, m.dirty = false, false
+	m.scheduleBefore = m.scheduleBefore[:0]
 	o.steps++
 	for _, fn := range o.afterStep {
 		if err := fn(); err != nil {

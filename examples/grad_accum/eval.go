@@ -23,7 +23,10 @@ func evaluate(acc *accel.Accelerator, model *prepare.Model, test *fashionmnist.D
 	if err != nil {
 		return 0, err
 	}
-	loader, err := acc.PrepareDataLoader(src, prepare.BatchSize(evalBatchSize))
+	// The loader is prepared here, after training started, and only by runs that evaluate: SkipCheckpoint
+	// keeps it out of SaveState, so a run resumed from a checkpoint taken after an evaluation loads it
+	// before evaluating again.
+	loader, err := acc.PrepareDataLoader(src, prepare.BatchSize(evalBatchSize), prepare.SkipCheckpoint())
 	if err != nil {
 		return 0, err
 	}

@@ -15,6 +15,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
@@ -44,7 +46,11 @@ type config struct {
 	limit   int
 	seed    uint64
 	plot    string
-	quiet   bool
+	log     string
+	// checkpoints is where a checkpoint is saved after every epoch; resume continues from the newest.
+	checkpoints string
+	resume      bool
+	quiet       bool
 }
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
@@ -84,7 +90,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.dataDir, "data", fashionmnist.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	fs.IntVar(&cfg.limit, "limit", 0, "use at most this many training examples (0 = all)")
 	fs.Uint64Var(&cfg.seed, "seed", 42, "seed for weight initialisation and shuffling (every value, 0 included, gives a repeatable run); the same on every process")
-	fs.StringVar(&cfg.plot, "plot", "", "write the training loss curve to this PNG file (empty = no plot)")
+	fs.StringVar(&cfg.plot, "plot", "", "write the training loss curve to this PNG file, drawn from the log (empty = no plot)")
+	fs.StringVar(&cfg.log, "log", "", "log the loss of every optimizer step to this file: JSON Lines, or CSV if it ends in .csv "+
+		"(empty = none, or beside -plot's file)")
+	fs.StringVar(&cfg.checkpoints, "checkpoints", "", "save a checkpoint in this directory after every epoch (empty = none)")
+	fs.BoolVar(&cfg.resume, "resume", false, "continue from the newest checkpoint under -checkpoints (with the same flags otherwise)")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress bar or progress lines")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: grad_accum [flags]\n\nTrains an MLP or a CNN on Fashion-MNIST with gradient "+
@@ -114,10 +124,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, usageErrorf(stderr, "-limit must be 0 (all) or positive, got %d", cfg.limit)
 	case cfg.dataDir == "":
 		return cfg, usageErrorf(stderr, "-data must name a directory")
+	case cfg.resume && cfg.checkpoints == "":
+		return cfg, usageErrorf(stderr, "-resume needs -checkpoints")
 	}
 	if cfg.epochs == 0 {
 		// The CNN learns more per epoch but needs a few more at the demo's global batch of 256 to pass 0.90.
 		cfg.epochs = map[string]int{"mlp": 3, "cnn": 5}[cfg.model]
+	}
+	if cfg.log == "" && cfg.plot != "" {
+		// The plot is drawn from the log.
+		cfg.log = strings.TrimSuffix(cfg.plot, filepath.Ext(cfg.plot)) + ".jsonl"
 	}
 	return cfg, nil
 }
@@ -131,8 +147,15 @@ func usageErrorf(stderr io.Writer, format string, args ...any) error {
 // demo trains, evaluates and reports. Every process runs it; only the main one prints.
 func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	start := time.Now()
-	acc, err := accel.New(accel.WithGradientAccumulationSteps(cfg.k), accel.WithSeed(cfg.seed),
-		accel.WithOutput(stdout))
+	opts := []accel.Option{accel.WithGradientAccumulationSteps(cfg.k), accel.WithSeed(cfg.seed), accel.WithOutput(stdout)}
+	if cfg.log != "" {
+		tracker := accel.NewJSONLinesTracker(cfg.log)
+		if strings.HasSuffix(cfg.log, ".csv") {
+			tracker = accel.NewCSVTracker(cfg.log)
+		}
+		opts = append(opts, accel.WithTrackers(tracker))
+	}
+	acc, err := accel.New(opts...)
 	if err != nil {
 		return err
 	}
@@ -179,8 +202,11 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	}
 	acc.Printf("test accuracy: %.4f on %d examples\n", accuracy, testSet.Len())
 
+	if err := acc.Log(res.steps, map[string]float64{"test_accuracy": accuracy}); err != nil {
+		return err
+	}
 	if cfg.plot != "" && acc.IsMainProcess() {
-		if err := writeLossPlot(cfg.plot, acc, cfg, res.stepLosses); err != nil {
+		if err := writeLossPlot(cfg.plot, acc, cfg); err != nil {
 			return err
 		}
 		acc.Printf("loss curve written to %s\n", cfg.plot)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -156,6 +157,11 @@ func TestProgressAndPlot(t *testing.T) {
 	img, err := png.Decode(f)
 	require.NoError(t, err, "the plot is not a PNG")
 	assert.Positive(t, img.Bounds().Dx())
+	// The plot is drawn from the log written beside it: one loss per optimizer step.
+	logged, err := readLossLog(strings.TrimSuffix(plot, ".png") + ".jsonl")
+	require.NoError(t, err)
+	assert.Len(t, logged.Y, 16)
+	assert.Equal(t, 16.0, logged.X[15])
 
 	// -quiet drops the progress lines, not the results.
 	code, stdout, stderr = runMain(t, "-data", dir, "-epochs", "1", "-batch", "4", "-k", "2", "-hidden", "8", "-quiet")
@@ -254,4 +260,54 @@ func TestModelDefaults(t *testing.T) {
 		require.NoError(t, err, "%v", tc.args)
 		assert.Equal(t, tc.wantEpochs, cfg.epochs, "%v", tc.args)
 	}
+}
+
+// TestCSVLog: -log with a .csv name writes a CSV table: a loss per optimizer step, then the test accuracy
+// in a column of its own on the last step.
+func TestCSVLog(t *testing.T) {
+	dir := writeFakeDataset(t, 64, 20)
+	path := filepath.Join(t.TempDir(), "log.csv")
+	code, _, stderr := runMain(t, "-data", dir, "-epochs", "1", "-batch", "4", "-k", "2", "-hidden", "8", "-quiet",
+		"-log", path)
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	require.Len(t, lines, 1+8+1, "header, 8 steps, and the accuracy row")
+	assert.Equal(t, "step,loss,test_accuracy", lines[0])
+	assert.True(t, strings.HasPrefix(lines[9], "8,,"), lines[9])
+	logged, err := readLossLog(path)
+	require.NoError(t, err)
+	assert.Len(t, logged.Y, 8)
+}
+
+// TestResumeFromCheckpoint: two epochs straight through, and one epoch saved then resumed for the second,
+// give the same log (each step's loss, bitwise, and the test accuracy once) and the same accuracy. The
+// evaluation loader, prepared inside evaluate after a checkpoint was saved, does not stand in the way.
+func TestResumeFromCheckpoint(t *testing.T) {
+	dir := writeFakeDataset(t, 64, 20)
+	out := t.TempDir()
+	common := []string{"-data", dir, "-batch", "4", "-k", "3", "-hidden", "8", "-quiet"}
+	run := func(args ...string) summary {
+		t.Helper()
+		code, stdout, stderr := runMain(t, append(slices.Clone(common), args...)...)
+		require.Equal(t, exitOK, code, "stderr: %s", stderr)
+		return parseSummary(t, stdout)
+	}
+	straight := run("-epochs", "2", "-log", filepath.Join(out, "straight.jsonl"))
+	ckpt := filepath.Join(out, "ckpt")
+	run("-epochs", "1", "-log", filepath.Join(out, "resumed.jsonl"), "-checkpoints", ckpt)
+	resumed := run("-epochs", "2", "-log", filepath.Join(out, "resumed.jsonl"), "-checkpoints", ckpt, "-resume")
+	assert.Equal(t, straight.OptimizerSteps, resumed.OptimizerSteps)
+	assert.Equal(t, straight.TestAccuracy, resumed.TestAccuracy)
+	want, err := os.ReadFile(filepath.Join(out, "straight.jsonl"))
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(out, "resumed.jsonl"))
+	require.NoError(t, err)
+	assert.Equal(t, string(want), string(got))
+	assert.Equal(t, 1, strings.Count(string(got), "test_accuracy"))
+
+	code, _, stderr := runMain(t, append(slices.Clone(common), "-resume")...)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, stderr, "-resume needs -checkpoints")
 }

@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
@@ -90,16 +96,58 @@ func (f jsonFloat) MarshalJSON() ([]byte, error) {
 	return json.Marshal(v)
 }
 
-// writeLossPlot draws the main process's per-step loss and its smoothed trend.
-func writeLossPlot(path string, acc *accel.Accelerator, cfg config, stepLosses []float64) error {
-	raw := lossplot.Series{Name: "train loss", X: make([]float64, len(stepLosses)), Y: stepLosses}
+// writeLossPlot draws the main process's per-step loss, read back from the log, and its smoothed trend.
+func writeLossPlot(path string, acc *accel.Accelerator, cfg config) error {
+	raw, err := readLossLog(cfg.log)
+	if err != nil {
+		return fmt.Errorf("plotting the loss: %w", err)
+	}
+	raw.Name = "train loss"
 	if acc.WorldSize() > 1 {
 		raw.Name = fmt.Sprintf("train loss (rank %d's micro-batches)", acc.Rank())
-	}
-	for i := range stepLosses {
-		raw.X[i] = float64(i + 1)
 	}
 	title := fmt.Sprintf("Fashion-MNIST MLP: %s × k=%d × batch=%d, Adam lr=%g", processes(acc.WorldSize()), cfg.k,
 		cfg.batch, cfg.lr)
 	return lossplot.WritePNG(path, title, raw, lossplot.Smooth(raw, 0.9))
+}
+
+// readLossLog reads the steps that logged a loss from a JSON Lines or CSV log.
+func readLossLog(path string) (lossplot.Series, error) {
+	var s lossplot.Series
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return s, err
+	}
+	add := func(step, loss float64) { s.X, s.Y = append(s.X, step), append(s.Y, loss) }
+	if strings.HasSuffix(path, ".csv") {
+		records, err := csv.NewReader(bytes.NewReader(data)).ReadAll()
+		if err != nil || len(records) == 0 {
+			return s, fmt.Errorf("%s is not a CSV log: %v", path, err)
+		}
+		lossColumn := slices.Index(records[0], "loss")
+		if lossColumn < 1 {
+			return s, fmt.Errorf("%s has no loss column", path)
+		}
+		for _, rec := range records[1:] {
+			step, err1 := strconv.ParseFloat(rec[0], 64)
+			loss, err2 := strconv.ParseFloat(rec[lossColumn], 64)
+			if err1 == nil && err2 == nil {
+				add(step, loss)
+			}
+		}
+		return s, nil
+	}
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var rec struct {
+			Step float64  `json:"step"`
+			Loss *float64 `json:"loss"`
+		}
+		if err := json.Unmarshal(line, &rec); err != nil {
+			return s, fmt.Errorf("%s: %w", path, err)
+		}
+		if rec.Loss != nil {
+			add(rec.Step, *rec.Loss)
+		}
+	}
+	return s, nil
 }

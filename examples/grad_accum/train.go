@@ -65,9 +65,8 @@ func cnn(hidden int) prepare.ModelFn {
 // trainResult is what training leaves for evaluation and the report.
 type trainResult struct {
 	model *prepare.Model
-	// stepLosses is, per optimizer step, the mean loss of this process's micro-batches in that step: the
-	// loss curve, without a collective per step to average it over processes.
-	stepLosses []float64
+	// steps is the number of optimizer steps taken.
+	steps int64
 	// lastEpochLossSum and lastEpochBatches give this process's mean loss over the last epoch.
 	lastEpochLossSum float64
 	lastEpochBatches int
@@ -98,11 +97,19 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 	if err != nil {
 		return nil, err
 	}
+	// Resuming restores everything prepared so far: weights, Adam's state, the loader's epoch and position
+	// and the log. The evaluation loader is prepared later, and kept out of checkpoints (see evaluate).
+	if cfg.resume {
+		if err := acc.LoadState(cfg.checkpoints); err != nil {
+			return nil, err
+		}
+		acc.Printf("resumed from %s: epoch %d, %d optimizer steps done\n", cfg.checkpoints, loader.Epoch()+1, opt.Steps())
+	}
 
 	res := &trainResult{model: model}
 	var stepLossSum float64
 	var stepBatches int
-	for epoch := range cfg.epochs {
+	for epoch := loader.Epoch(); epoch < cfg.epochs; epoch++ {
 		// Every process must shuffle the same way each epoch to keep the shards disjoint.
 		loader.SetEpoch(epoch)
 		epochStart := time.Now()
@@ -126,7 +133,11 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 				stepLossSum += loss
 				stepBatches++
 				if stepped {
-					res.stepLosses = append(res.stepLosses, stepLossSum/float64(stepBatches))
+					// The loss curve: the mean loss of the main process's micro-batches in the step, logged
+					// without a collective per step to average it over processes.
+					if err := acc.Log(opt.Steps(), map[string]float64{"loss": stepLossSum / float64(stepBatches)}); err != nil {
+						return err
+					}
 					stepLossSum, stepBatches = 0, 0
 				}
 				err = opt.ZeroGrad()
@@ -144,7 +155,15 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 		acc.Printf("epoch %d/%d: mean train loss %.4f%s, %d optimizer steps so far, %s\n", epoch+1, cfg.epochs,
 			epochLossSum/float64(max(epochBatches, 1)), rankNote(acc), opt.Steps(),
 			time.Since(epochStart).Round(time.Millisecond))
+		if cfg.checkpoints != "" {
+			// Selecting the next epoch first makes the checkpoint resume at its start.
+			loader.SetEpoch(epoch + 1)
+			if _, err := acc.SaveState(cfg.checkpoints); err != nil {
+				return nil, err
+			}
+		}
 	}
+	res.steps = opt.Steps()
 	return res, nil
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/layers/regularizers"
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/prepare"
@@ -24,6 +25,9 @@ type Run struct {
 	// LossFn replaces Loss, and LossScale (when non-zero) is passed to every Backward.
 	LossFn    prepare.LossFn
 	LossScale float64
+	// L2, when non-zero, sets GoMLX's regularizers.ParamL2 hyperparameter: layers.Dense then adds an L2
+	// term on its weights with train.AddLoss.
+	L2 float64
 }
 
 // Result is what a run leaves behind.
@@ -39,6 +43,9 @@ type Result struct {
 // Train runs the loop a user would write.
 func (r Run) Train(acc *accel.Accelerator) (Result, error) {
 	ctx := context.New()
+	if r.L2 != 0 {
+		ctx.SetParam(regularizers.ParamL2, r.L2)
+	}
 	lossFn := r.LossFn
 	if lossFn == nil {
 		lossFn = Loss

@@ -1,0 +1,366 @@
+package accel
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Tracker records the metrics the main process logs with Accelerator.Log (Accelerate's trackers).
+type Tracker interface {
+	// Log records the metrics of step.
+	Log(step int64, metrics map[string]float64) error
+	// Resume is called by LoadState, before any Log: the tracker keeps its first records records — those
+	// logged before the checkpoint — and drops later ones, which the resumed run logs again. A tracker that
+	// is never resumed starts afresh.
+	Resume(records int64) error
+	// Close flushes and releases the tracker.
+	Close() error
+}
+
+// WithTrackers sets where Log writes (on the main process). The accelerator closes them.
+func WithTrackers(trackers ...Tracker) Option {
+	return func(c *config) { c.trackers = append(c.trackers, trackers...) }
+}
+
+// Log records metrics for step on the main process's trackers (WithTrackers); other processes do nothing.
+// A checkpoint remembers how many records were logged before it, and a run resumed from it drops the
+// later ones, so that the logs hold no duplicate rows after a resume.
+func (a *Accelerator) Log(step int64, metrics map[string]float64) error {
+	if err := a.checkOpen(); err != nil {
+		return err
+	}
+	if len(metrics) == 0 {
+		return fmt.Errorf("accel: log: no metrics for step %d", step)
+	}
+	if !a.IsMainProcess() {
+		return nil
+	}
+	for _, t := range a.cfg.trackers {
+		if err := t.Log(step, metrics); err != nil {
+			return fmt.Errorf("accel: log step %d: %w", step, err)
+		}
+	}
+	a.logRecords++
+	return nil
+}
+
+// resumeTrackers drops the records a resumed run will write again: those logged after the checkpoint.
+func (a *Accelerator) resumeTrackers(records int64) error {
+	a.logRecords = records
+	if !a.IsMainProcess() {
+		return nil
+	}
+	for _, t := range a.cfg.trackers {
+		if err := t.Resume(records); err != nil {
+			return fmt.Errorf("accel: resuming a tracker: %w", err)
+		}
+	}
+	return nil
+}
+
+func (a *Accelerator) closeTrackers() error {
+	var errs []error
+	for _, t := range a.cfg.trackers {
+		errs = append(errs, t.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// fileTracker is what the JSON Lines and CSV trackers share: a file written one record per line, created
+// afresh on the first Log unless Resume kept its earlier records.
+type fileTracker struct {
+	path   string
+	file   *os.File
+	format interface {
+		// header is the file's first line for these metrics (CSV), or nil.
+		header(metrics map[string]float64) ([]byte, error)
+		record(step int64, metrics map[string]float64) ([]byte, error)
+		// isRecord tells a record line from a header line, and refuses lines of another format.
+		isRecord(line []byte) (bool, error)
+		// adopt learns the format's state (CSV's columns) from a kept header line.
+		adopt(header []byte) error
+	}
+}
+
+// NewJSONLinesTracker writes one JSON object per Log to path: {"step": 3, "loss": 0.25, …}. Non-finite
+// values are written as null.
+func NewJSONLinesTracker(path string) Tracker {
+	return &fileTracker{path: path, format: jsonLines{}}
+}
+
+// NewCSVTracker writes a CSV table to path: a header "step,<metric>,…" with the metrics of the first Log,
+// sorted by name, then one row per Log. A Log may leave metrics out (empty cells); one with new metrics
+// adds their columns at the end, rewriting the file with empty cells in the earlier rows.
+func NewCSVTracker(path string) Tracker {
+	return &fileTracker{path: path, format: &csvFormat{}}
+}
+
+func (t *fileTracker) Log(step int64, metrics map[string]float64) error {
+	if t.file == nil {
+		if err := t.open(os.O_CREATE | os.O_TRUNC | os.O_WRONLY); err != nil {
+			return err
+		}
+		header, err := t.format.header(metrics)
+		if err != nil {
+			return err
+		}
+		if _, err := t.file.Write(header); err != nil {
+			return fmt.Errorf("writing %s: %w", t.path, err)
+		}
+	}
+	line, err := t.format.record(step, metrics)
+	if cf, ok := t.format.(*csvFormat); ok && errors.Is(err, errNewColumns) {
+		if err := t.widen(cf, metrics); err != nil {
+			return err
+		}
+		line, err = t.format.record(step, metrics)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.path, err)
+	}
+	if _, err := t.file.Write(line); err != nil {
+		return fmt.Errorf("writing %s: %w", t.path, err)
+	}
+	return nil
+}
+
+func (t *fileTracker) open(flags int) error {
+	if err := os.MkdirAll(filepath.Dir(t.path), 0o755); err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	f, err := os.OpenFile(t.path, flags, 0o644)
+	if err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	t.file = f
+	return nil
+}
+
+// Resume rewrites the file with its first records records (atomically: a crash leaves the old file or
+// the new one) and appends from there.
+func (t *fileTracker) Resume(records int64) error {
+	if t.file != nil {
+		return fmt.Errorf("tracker %s: Resume after Log", t.path)
+	}
+	data, err := os.ReadFile(t.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	var kept bytes.Buffer
+	for seen := int64(0); len(data) > 0; {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i+1], data[i+1:]
+		} else {
+			data = nil // a last line without newline was cut by a crash: drop it
+			break
+		}
+		isRecord, err := t.format.isRecord(bytes.TrimSuffix(line, []byte("\n")))
+		if err != nil {
+			return fmt.Errorf("tracker %s: %w", t.path, err)
+		}
+		if !isRecord {
+			if err := t.format.adopt(line); err != nil {
+				return fmt.Errorf("tracker %s: %w", t.path, err)
+			}
+		}
+		if !isRecord || seen < records {
+			kept.Write(line)
+		}
+		if isRecord {
+			seen++
+		}
+	}
+	tmp := t.path + ".tmp"
+	if err := os.WriteFile(tmp, kept.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	if err := os.Rename(tmp, t.path); err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	if err := t.open(os.O_APPEND | os.O_WRONLY); err != nil {
+		return err
+	}
+	if kept.Len() == 0 {
+		// Nothing kept, not even a header: the first Log writes it.
+		_ = t.file.Close()
+		t.file = nil
+	}
+	return nil
+}
+
+// widen adds the metrics' new names as CSV columns, rewriting the file's earlier rows with empty cells.
+func (t *fileTracker) widen(cf *csvFormat, metrics map[string]float64) error {
+	if err := t.file.Close(); err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	t.file = nil
+	f, err := os.Open(t.path)
+	if err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	records, err := csv.NewReader(f).ReadAll()
+	_ = f.Close()
+	if err != nil {
+		return fmt.Errorf("tracker %s: %w", t.path, err)
+	}
+	for _, name := range sortedNames(metrics) {
+		if !slices.Contains(cf.columns, name) {
+			cf.columns = append(cf.columns, name)
+		}
+	}
+	var buf bytes.Buffer
+	w := csv.NewWriter(&buf)
+	_ = w.Write(append([]string{"step"}, cf.columns...))
+	for _, rec := range records[1:] {
+		for len(rec) < len(cf.columns)+1 {
+			rec = append(rec, "")
+		}
+		_ = w.Write(rec)
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		return err
+	}
+	tmp := t.path + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	if err := os.Rename(tmp, t.path); err != nil {
+		return fmt.Errorf("tracker: %w", err)
+	}
+	return t.open(os.O_APPEND | os.O_WRONLY)
+}
+
+func (t *fileTracker) Close() error {
+	if t.file == nil {
+		return nil
+	}
+	err := t.file.Close()
+	t.file = nil
+	return err
+}
+
+type jsonLines struct{}
+
+func (jsonLines) header(map[string]float64) ([]byte, error) { return nil, nil }
+
+func (jsonLines) adopt([]byte) error { return nil }
+
+func (jsonLines) record(step int64, metrics map[string]float64) ([]byte, error) {
+	var b strings.Builder
+	b.WriteString(`{"step":`)
+	b.WriteString(strconv.FormatInt(step, 10))
+	for _, name := range sortedNames(metrics) {
+		key, err := json.Marshal(name)
+		if err != nil {
+			return nil, err
+		}
+		b.WriteByte(',')
+		b.Write(key)
+		b.WriteByte(':')
+		b.WriteString(jsonNumber(metrics[name]))
+	}
+	b.WriteString("}\n")
+	return []byte(b.String()), nil
+}
+
+func (jsonLines) isRecord(line []byte) (bool, error) {
+	var rec struct {
+		Step *int64 `json:"step"`
+	}
+	if err := json.Unmarshal(line, &rec); err != nil || rec.Step == nil {
+		return false, fmt.Errorf("line %q is not a record with a step", line)
+	}
+	return true, nil
+}
+
+func jsonNumber(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "null"
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+type csvFormat struct{ columns []string }
+
+// errNewColumns tells the tracker to widen the CSV before writing the record.
+var errNewColumns = errors.New("the record has metrics that are not columns yet")
+
+func (c *csvFormat) header(metrics map[string]float64) ([]byte, error) {
+	c.columns = sortedNames(metrics)
+	return csvLine(append([]string{"step"}, c.columns...))
+}
+
+func (c *csvFormat) adopt(header []byte) error {
+	rec, err := csv.NewReader(bytes.NewReader(header)).Read()
+	if err != nil || len(rec) == 0 || rec[0] != "step" {
+		return fmt.Errorf("header %q does not start with step", header)
+	}
+	c.columns = rec[1:]
+	return nil
+}
+
+func (c *csvFormat) record(step int64, metrics map[string]float64) ([]byte, error) {
+	row := []string{strconv.FormatInt(step, 10)}
+	for _, name := range c.columns {
+		cell := ""
+		if v, ok := metrics[name]; ok {
+			cell = strconv.FormatFloat(v, 'g', -1, 64)
+		}
+		row = append(row, cell)
+	}
+	for name := range metrics {
+		if !slices.Contains(c.columns, name) {
+			return nil, errNewColumns
+		}
+	}
+	return csvLine(row)
+}
+
+func (c *csvFormat) isRecord(line []byte) (bool, error) {
+	rec, err := csv.NewReader(bytes.NewReader(line)).Read()
+	if err != nil || len(rec) == 0 {
+		return false, fmt.Errorf("line %q is not CSV", line)
+	}
+	if rec[0] == "step" {
+		return false, nil
+	}
+	if _, err := strconv.ParseInt(rec[0], 10, 64); err != nil {
+		return false, fmt.Errorf("line %q does not start with a step", line)
+	}
+	return true, nil
+}
+
+func csvLine(fields []string) ([]byte, error) {
+	var buf bytes.Buffer
+	w := csv.NewWriter(bufio.NewWriter(&buf))
+	if err := w.Write(fields); err != nil {
+		return nil, err
+	}
+	w.Flush()
+	return buf.Bytes(), w.Error()
+}
+
+func sortedNames(metrics map[string]float64) []string {
+	names := make([]string, 0, len(metrics))
+	for name := range metrics {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}

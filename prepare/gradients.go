@@ -1,0 +1,143 @@
+package prepare
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+)
+
+// Gradients returns the model's gradient for every parameter, keyed by the variable's scope and name (as
+// reading .grad in PyTorch). After a sync, until the optimizer's Step or ZeroGrad, it is the averaged
+// gradient the optimizer will apply (before any clipping the optimizer does itself): the same on every
+// rank. Before a sync it is this rank's local accumulation so far, each micro-batch scaled as Backward
+// added it (1/K inside Accumulate); with sync-each-batch, micro-batches already all-reduced count there as
+// their mean over the ranks. The tensors are copies.
+func (m *Model) Gradients() (map[string]*tensors.Tensor, error) {
+	if !m.materialized {
+		return nil, errors.New("prepare: gradients before the model was built: run Backward first")
+	}
+	factor := 1.0
+	if m.synced {
+		factor = m.syncScale
+	}
+	grads := make(map[string]*tensors.Tensor, len(m.params))
+	for b, bucket := range m.plan.Buckets {
+		value, err := m.buckets[b].Value()
+		if err != nil {
+			return nil, fmt.Errorf("prepare: accumulator %d: %w", b, err)
+		}
+		err = value.ConstFlatData(func(flat any) {
+			for _, slot := range bucket.Slots {
+				param := m.plan.Params[slot.Param]
+				switch f := flat.(type) {
+				case []float32:
+					part := make([]float32, slot.Size)
+					for i := range part {
+						part[i] = float32(float64(f[slot.Offset+i]) * factor)
+					}
+					grads[param.Name] = tensors.FromFlatDataAndDimensions(part, param.Shape.Dimensions...)
+				case []float64:
+					part := make([]float64, slot.Size)
+					for i := range part {
+						part[i] = f[slot.Offset+i] * factor
+					}
+					grads[param.Name] = tensors.FromFlatDataAndDimensions(part, param.Shape.Dimensions...)
+				}
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("prepare: accumulator %d: %w", b, err)
+		}
+	}
+	return grads, nil
+}
+
+// ClipGradNorm scales the synced gradients so that their global L2 norm is at most maxNorm, as
+// torch.nn.utils.clip_grad_norm_ does (factor maxNorm/(norm+1e-6) when it is below 1), and returns their
+// norm before clipping. Call it between a syncing Backward and the optimizer's Step: it works on the
+// averaged gradients, the same on every rank, so every rank clips identically without communicating. On
+// calls that did not sync it does nothing and returns 0, like Step.
+func (m *Model) ClipGradNorm(maxNorm float64) (norm float64, err error) {
+	if !(maxNorm > 0) {
+		return 0, fmt.Errorf("prepare: gradient clipping norm must be positive, got %g", maxNorm)
+	}
+	if !m.synced {
+		return 0, nil
+	}
+	var sumSquares float64
+	err = m.eachBucket(func(flat any) {
+		switch f := flat.(type) {
+		case []float32:
+			for _, x := range f {
+				sumSquares += float64(x) * float64(x)
+			}
+		case []float64:
+			for _, x := range f {
+				sumSquares += x * x
+			}
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	norm = math.Sqrt(sumSquares) * m.syncScale
+	if factor := maxNorm / (norm + 1e-6); factor < 1 {
+		err = m.eachBucket(func(flat any) { scaleFlatData(flat, factor) })
+	}
+	return norm, err
+}
+
+// ClipGradValue clamps every synced gradient value to [-clip, clip] (torch.nn.utils.clip_grad_value_).
+// Like ClipGradNorm it works on the averaged gradients between a syncing Backward and Step, and does
+// nothing on calls that did not sync.
+func (m *Model) ClipGradValue(clip float64) error {
+	if !(clip > 0) || math.IsInf(clip, 0) {
+		return fmt.Errorf("prepare: gradient clipping value must be a positive number, got %g", clip)
+	}
+	if !m.synced {
+		return nil
+	}
+	// The accumulators hold the sum the optimizer scales by syncScale: clamp the sum to clip/syncScale.
+	limit := clip / m.syncScale
+	return m.eachBucket(func(flat any) {
+		switch f := flat.(type) {
+		case []float32:
+			for i, x := range f {
+				f[i] = float32(max(min(float64(x), limit), -limit))
+			}
+		case []float64:
+			for i, x := range f {
+				f[i] = max(min(x, limit), -limit)
+			}
+		}
+	})
+}
+
+// eachBucket runs fn on every accumulator's flat host data, which fn may change.
+func (m *Model) eachBucket(fn func(flat any)) error {
+	for b, v := range m.buckets {
+		t, err := v.Value()
+		if err == nil {
+			err = t.MutableFlatData(fn)
+		}
+		if err != nil {
+			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
+		}
+	}
+	return nil
+}
+
+func scaleFlatData(flat any, f float64) {
+	switch x := flat.(type) {
+	case []float32:
+		for i := range x {
+			x[i] *= float32(f)
+		}
+	case []float64:
+		for i := range x {
+			x[i] *= f
+		}
+	}
+}
