@@ -66,7 +66,7 @@ func TestReportJudgesGoals(t *testing.T) {
 	summary := md[strings.Index(md, "## Summary"):strings.Index(md, "## End to end")]
 	for _, want := range []string{
 		"| 1 process: 1.20×; 2 processes: 0.80× | no |",            // goaccel / PyTorch examples/s
-		"| 1 process: 0.9100 | **yes** |",                          // median CNN accuracy
+		"| 1 process: 0.9100 vs 0.9000 | **yes** |",                // median CNN accuracies, goaccel vs PyTorch
 		"| pure Go: 40 MB | **yes** |",                             // BLAS not measured: not judged
 		"| 7.5× | **yes** |",                                       // 3 s / 0.4 s
 		"| worst 0.80 (4MB, 2 ranks) | no |",                       // one size misses

@@ -182,6 +182,11 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		"optimizer step\n", trainSet.Len(), testSet.Len(), processes(acc.WorldSize()), cfg.k, cfg.batch,
 		acc.WorldSize()*cfg.k*cfg.batch)
 
+	// The clock starts together on every process: a process that finished loading the data later must not
+	// count as training time (and the first gradient sync would make the others wait for it).
+	if err := acc.WaitForEveryone(); err != nil {
+		return err
+	}
 	trainStart := time.Now()
 	res, err := train(acc, cfg, trainSet, newProgress(acc, cfg.quiet, stdout))
 	if err != nil {
