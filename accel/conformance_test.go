@@ -19,6 +19,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -300,26 +301,7 @@ func flatVariable(ctx *context.Context, scope, name string) ([]float64, error) {
 	if v == nil {
 		return nil, fmt.Errorf("no variable %s/%s", scope, name)
 	}
-	t, err := v.Value()
-	if err != nil {
-		return nil, err
-	}
-	var out []float64
-	err = t.ConstFlatData(func(flat any) {
-		switch f := flat.(type) {
-		case []float64:
-			out = append(out, f...)
-		case []float32:
-			for _, x := range f {
-				out = append(out, float64(x))
-			}
-		case []int64:
-			for _, x := range f {
-				out = append(out, float64(x))
-			}
-		}
-	})
-	return out, err
+	return testmodel.FlatFloat64(v)
 }
 
 func scalarVariable(ctx *context.Context, scope, name string) (float64, error) {

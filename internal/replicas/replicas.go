@@ -23,17 +23,23 @@ func CheckSameSignature(comm *backends.Communicator, what string, lines []string
 	if err != nil || all == nil {
 		return err
 	}
-	i := firstDisagreement(all)
-	groups := groupRanks(all, i)
+	groups := groupRanks(all, firstDisagreement(all))
+	return fmt.Errorf("replicas: %s differ across ranks: %s", what,
+		describeGroups(groups, func(value string) string { return fmt.Sprintf("%q", value) }))
+}
+
+// describeGroups says what each group of ranks has, "ranks 0 and 2 have X; rank 1 has Y", with each
+// group's value put into words by describe.
+func describeGroups(groups []rankGroup, describe func(value string) string) string {
 	parts := make([]string, len(groups))
 	for g, grp := range groups {
 		verb := "has"
 		if len(grp.ranks) > 1 {
 			verb = "have"
 		}
-		parts[g] = fmt.Sprintf("%s %s %q", RankList(grp.ranks, 0), verb, grp.value)
+		parts[g] = fmt.Sprintf("%s %s %s", RankList(grp.ranks, 0), verb, describe(grp.value))
 	}
-	return fmt.Errorf("replicas: %s differ across ranks: %s", what, strings.Join(parts, "; "))
+	return strings.Join(parts, "; ")
 }
 
 // Setting is one setting that every rank must share, for CheckSameSettings.
@@ -61,23 +67,17 @@ func CheckSameSettings(comm *backends.Communicator, settings []Setting) error {
 			break
 		}
 	}
-	groups := groupRanks(all, i)
-	parts := make([]string, len(groups))
-	for g, grp := range groups {
-		verb := "has"
-		if len(grp.ranks) > 1 {
-			verb = "have"
-		}
-		setting, value, found := strings.Cut(grp.value, "\x00")
+	describe := func(value string) string {
+		setting, value, found := strings.Cut(value, "\x00")
 		switch {
 		case !found:
-			value = "nothing"
+			return "nothing"
 		case setting != name:
-			value = fmt.Sprintf("%s instead", setting)
+			return fmt.Sprintf("%s instead", setting)
 		}
-		parts[g] = fmt.Sprintf("%s %s %s", RankList(grp.ranks, 0), verb, value)
+		return value
 	}
-	return fmt.Errorf("replicas: the ranks disagree on %s: %s", name, strings.Join(parts, "; "))
+	return fmt.Errorf("replicas: the ranks disagree on %s: %s", name, describeGroups(groupRanks(all, i), describe))
 }
 
 // gatherIfDifferent compares the ranks' lines by hash and, only if they differ, gathers every rank's lines

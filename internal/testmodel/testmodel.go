@@ -146,11 +146,11 @@ func MaxRelativeError(got []*context.Variable, want *context.Context) (worst flo
 		if w == nil {
 			return 0, "", fmt.Errorf("reference has no variable %q", v.ScopeAndName())
 		}
-		a, err := flatFloat64(v)
+		a, err := FlatFloat64(v)
 		if err != nil {
 			return 0, "", err
 		}
-		b, err := flatFloat64(w)
+		b, err := FlatFloat64(w)
 		if err != nil {
 			return 0, "", err
 		}
@@ -169,7 +169,8 @@ func MaxRelativeError(got []*context.Variable, want *context.Context) (worst flo
 	return worst, name, nil
 }
 
-func flatFloat64(v *context.Variable) ([]float64, error) {
+// FlatFloat64 returns a variable's values as float64s, whatever their float or int64 dtype.
+func FlatFloat64(v *context.Variable) ([]float64, error) {
 	t, err := v.Value()
 	if err != nil {
 		return nil, err
@@ -183,6 +184,10 @@ func flatFloat64(v *context.Variable) ([]float64, error) {
 			}
 		case []float64:
 			out = append(out, f...)
+		case []int64:
+			for _, x := range f {
+				out = append(out, float64(x))
+			}
 		}
 	})
 	return out, err
