@@ -13,6 +13,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // vjpPointer identifies a graph.VJP function, which Go cannot compare with ==.
@@ -54,8 +56,8 @@ func convGradientOnPureGo(t *testing.T) error {
 	c := convCases[0]
 	rng := rand.New(rand.NewPCG(7, 7))
 	inputShape, kernelShape := c.shapes()
-	inputs := []*tensors.Tensor{randomTensor(rng, inputShape), randomTensor(rng, kernelShape)}
-	_, err := gradients(t, pureGoBackend(t), func(nodes []*graph.Node) *graph.Node {
+	inputs := []*tensors.Tensor{computetest.RandomTensor(rng, inputShape), computetest.RandomTensor(rng, kernelShape)}
+	_, err := gradients(t, computetest.PureGo(t), func(nodes []*graph.Node) *graph.Node {
 		return smoothLoss(c.convolve(nodes[0], nodes[1]))
 	}, inputs)
 	return err
@@ -64,12 +66,12 @@ func convGradientOnPureGo(t *testing.T) error {
 // TestWithoutRegisterConvGradientFails is the negative control: GoMLX's own convolution gradient does not run
 // on the pure-Go backend, and Register is what makes it run.
 func TestWithoutRegisterConvGradientFails(t *testing.T) {
-	withRegistration(false, func() {
+	patch.With(false, func() {
 		err := convGradientOnPureGo(t)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `"Reverse"`)
 	})
-	withRegistration(true, func() {
+	patch.With(true, func() {
 		require.NoError(t, convGradientOnPureGo(t))
 	})
 }
@@ -86,15 +88,15 @@ func TestWithoutRegisterPoolGradientsFail(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(8, 8))
-			inputs := []*tensors.Tensor{randomTensor(rng, shapes.Make(dtypes.Float32, 2, 4, 4, 3))}
+			inputs := []*tensors.Tensor{computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, 2, 4, 4, 3))}
 			loss := func(nodes []*graph.Node) *graph.Node { return smoothLoss(c.pool(nodes[0])) }
-			withRegistration(false, func() {
-				_, err := gradients(t, pureGoBackend(t), loss, inputs)
+			patch.With(false, func() {
+				_, err := gradients(t, computetest.PureGo(t), loss, inputs)
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), c.missingOp)
 			})
-			withRegistration(true, func() {
-				_, err := gradients(t, pureGoBackend(t), loss, inputs)
+			patch.With(true, func() {
+				_, err := gradients(t, computetest.PureGo(t), loss, inputs)
 				require.NoError(t, err)
 			})
 		})
@@ -130,12 +132,12 @@ func TestUnsupportedFallsBackToGoMLX(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(9, 9))
-			inputs := []*tensors.Tensor{randomTensor(rng, c.input)}
+			inputs := []*tensors.Tensor{computetest.RandomTensor(rng, c.input)}
 			for _, shape := range c.extra {
-				inputs = append(inputs, randomTensor(rng, shape))
+				inputs = append(inputs, computetest.RandomTensor(rng, shape))
 			}
-			withRegistration(true, func() {
-				_, err := gradients(t, pureGoBackend(t), func(nodes []*graph.Node) *graph.Node {
+			patch.With(true, func() {
+				_, err := gradients(t, computetest.PureGo(t), func(nodes []*graph.Node) *graph.Node {
 					return smoothLoss(c.fn(nodes))
 				}, inputs)
 				require.Error(t, err)
@@ -148,7 +150,7 @@ func TestUnsupportedFallsBackToGoMLX(t *testing.T) {
 // TestMaxPoolTiesGoToFirst checks that among equal maxima of a window the whole gradient goes to the first in
 // row-major order, on both the non-overlapping and the general path.
 func TestMaxPoolTiesGoToFirst(t *testing.T) {
-	backend := pureGoBackend(t)
+	backend := computetest.PureGo(t)
 	for _, c := range []struct {
 		name string
 		pool func(x *graph.Node) *graph.Node
@@ -170,7 +172,7 @@ func TestMaxPoolTiesGoToFirst(t *testing.T) {
 					flat[i] = 1
 				}
 			})
-			withRegistration(true, func() {
+			patch.With(true, func() {
 				got, err := gradients(t, backend, func(nodes []*graph.Node) *graph.Node {
 					return graph.ReduceAllSum(c.pool(nodes[0]))
 				}, []*tensors.Tensor{ones})

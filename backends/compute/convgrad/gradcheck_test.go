@@ -12,6 +12,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/core/tensors/images"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // smoothLoss turns a node into a scalar whose gradient with respect to the node is neither constant nor
@@ -165,16 +167,25 @@ var convCases = []convCase{
 // TestConvGradientsMatchFiniteDifferences checks the registered convolution gradients on the pure-Go
 // backend against central differences, in float64.
 func TestConvGradientsMatchFiniteDifferences(t *testing.T) {
-	backend := pureGoBackend(t)
-	withRegistration(true, func() {
+	checkConvGradients(t, computetest.PureGo(t), 1)
+}
+
+// checkConvGradients compares every convCase's registered gradients on backend with central differences;
+// seed picks the random operands.
+func checkConvGradients(t *testing.T, backend backends.Backend, seed uint64) {
+	patch.With(true, func() {
 		for i, c := range convCases {
 			t.Run(c.name, func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(uint64(i), 1))
+				rng := rand.New(rand.NewPCG(uint64(i), seed))
 				inputShape, kernelShape := c.shapes()
-				inputs := []*tensors.Tensor{randomTensor(rng, inputShape), randomTensor(rng, kernelShape)}
+				inputs := []*tensors.Tensor{computetest.RandomTensor(rng, inputShape), computetest.RandomTensor(rng, kernelShape)}
 				loss := func(nodes []*graph.Node) *graph.Node { return smoothLoss(c.convolve(nodes[0], nodes[1])) }
 				got, err := gradients(t, backend, loss, inputs)
 				require.NoError(t, err)
+				for j := range inputs { // finiteDifferences runs on the inputs themselves: give it local copies.
+					inputs[j], err = inputs[j].LocalClone()
+					require.NoError(t, err)
+				}
 				want := finiteDifferences(t, backend, loss, inputs, 1e-3)
 				require.LessOrEqual(t, maxRelativeError(t, got, want), 1e-8)
 			})
@@ -235,12 +246,12 @@ var poolCases = []poolCase{
 // against central differences, in float64. The random inputs have no ties, and h is far below the gaps
 // between values of a window, so max and min stay on the smooth side of their kinks.
 func TestPoolGradientsMatchFiniteDifferences(t *testing.T) {
-	backend := pureGoBackend(t)
-	withRegistration(true, func() {
+	backend := computetest.PureGo(t)
+	patch.With(true, func() {
 		for i, c := range poolCases {
 			t.Run(c.name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(i), 2))
-				inputs := []*tensors.Tensor{randomTensor(rng, shapes.Make(dtypes.Float64, c.input...))}
+				inputs := []*tensors.Tensor{computetest.RandomTensor(rng, shapes.Make(dtypes.Float64, c.input...))}
 				loss := func(nodes []*graph.Node) *graph.Node { return smoothLoss(c.apply(nodes[0])) }
 				got, err := gradients(t, backend, loss, inputs)
 				require.NoError(t, err)

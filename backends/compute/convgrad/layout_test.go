@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
@@ -103,7 +104,7 @@ func TestParamsReaderRejectsWrongKinds(t *testing.T) {
 }
 
 func TestReadParamsOfOtherNodeFails(t *testing.T) {
-	g := graph.NewGraph(pureGoBackend(t), "other_node")
+	g := graph.NewGraph(computetest.PureGo(t), "other_node")
 	defer g.Finalize()
 	x := graph.Parameter(g, "x", shapes.Make(dtypes.Float32, 2, 4, 4, 3))
 	pooled := graph.MaxPool(x).Window(2).Done()

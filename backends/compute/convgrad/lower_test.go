@@ -11,11 +11,13 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // pureGoLowered is the shared pure-Go backend with convolutions and poolings lowered (LowerConvolutions).
 var pureGoLowered = sync.OnceValue(func() backends.Backend {
-	backend, err := pureGo()
+	backend, err := computetest.Backend()
 	if err != nil {
 		panic(err)
 	}
@@ -82,13 +84,13 @@ func TestLoweredConvolutionsMatchPureGo(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 4))
-			inputs := []*tensors.Tensor{randomTensor(rng, c.input), randomTensor(rng, c.kernel)}
+			inputs := []*tensors.Tensor{computetest.RandomTensor(rng, c.input), computetest.RandomTensor(rng, c.kernel)}
 			fn := func(nodes []*graph.Node) *graph.Node { return c.convolve(nodes[0], nodes[1]) }
 			reference := fn
 			if c.reference != nil {
 				reference = func(nodes []*graph.Node) *graph.Node { return c.reference(nodes[0], nodes[1]) }
 			}
-			want := evaluate(t, pureGoBackend(t), reference, inputs)
+			want := evaluate(t, computetest.PureGo(t), reference, inputs)
 			got := evaluate(t, pureGoLowered(), fn, inputs)
 			require.True(t, want.Shape().Equal(got.Shape()), "shape %s, want %s", got.Shape(), want.Shape())
 			if c.input.DType == dtypes.Float32 {
@@ -102,25 +104,7 @@ func TestLoweredConvolutionsMatchPureGo(t *testing.T) {
 
 // TestLoweredConvGradientsMatchFiniteDifferences checks gradients through the lowered forward pass.
 func TestLoweredConvGradientsMatchFiniteDifferences(t *testing.T) {
-	backend := pureGoLowered()
-	withRegistration(true, func() {
-		for i, c := range convCases {
-			t.Run(c.name, func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(uint64(i), 5))
-				inputShape, kernelShape := c.shapes()
-				inputs := []*tensors.Tensor{randomTensor(rng, inputShape), randomTensor(rng, kernelShape)}
-				loss := func(nodes []*graph.Node) *graph.Node { return smoothLoss(c.convolve(nodes[0], nodes[1])) }
-				got, err := gradients(t, backend, loss, inputs)
-				require.NoError(t, err)
-				for j := range inputs { // finiteDifferences runs on the inputs themselves: give it local copies.
-					inputs[j], err = inputs[j].LocalClone()
-					require.NoError(t, err)
-				}
-				want := finiteDifferences(t, backend, loss, inputs, 1e-3)
-				require.LessOrEqual(t, maxRelativeError(t, got, want), 1e-8)
-			})
-		}
-	})
+	checkConvGradients(t, pureGoLowered(), 5)
 }
 
 // TestLoweredPoolingsMatchPureGo compares poolings on the lowering backend with the pure-Go backend's own
@@ -129,9 +113,9 @@ func TestLoweredPoolingsMatchPureGo(t *testing.T) {
 	for i, c := range poolCases {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 6))
-			inputs := []*tensors.Tensor{randomTensor(rng, shapes.Make(dtypes.Float64, c.input...))}
+			inputs := []*tensors.Tensor{computetest.RandomTensor(rng, shapes.Make(dtypes.Float64, c.input...))}
 			fn := func(nodes []*graph.Node) *graph.Node { return c.apply(nodes[0]) }
-			want := evaluate(t, pureGoBackend(t), fn, inputs)
+			want := evaluate(t, computetest.PureGo(t), fn, inputs)
 			got := evaluate(t, pureGoLowered(), fn, inputs)
 			require.True(t, want.Shape().Equal(got.Shape()), "shape %s, want %s", got.Shape(), want.Shape())
 			require.InDeltaSlice(t, tensors.MustCopyFlatData[float64](want), tensors.MustCopyFlatData[float64](got), 1e-12)
@@ -209,7 +193,7 @@ func TestLowerConvolutionsLowersWhatItSupports(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var dots, reductions int
-			backend := LowerConvolutions(countingBackend{pureGoBackend(t), &dots, &reductions})
+			backend := LowerConvolutions(countingBackend{computetest.PureGo(t), &dots, &reductions})
 			g := graph.NewGraph(backend, "lowering")
 			defer g.Finalize()
 			c.build(graph.Parameter(g, "x", c.input))

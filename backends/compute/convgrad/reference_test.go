@@ -9,6 +9,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // referenceBackend wraps the pure-Go backend so that GoMLX's own convolution gradient runs on it, as a
@@ -76,19 +78,19 @@ func onesIfNil(values []int, n int) []int {
 // (size-1)/2 twice where size-1 is needed), so for those only the kernel gradients are compared; the
 // finite-difference tests show this package's input gradients are right there too.
 func TestConvGradientsMatchGoMLX(t *testing.T) {
-	backend := pureGoBackend(t)
+	backend := computetest.PureGo(t)
 	reference := referenceBackend{backend}
 	for i, c := range convCases {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 3))
 			inputShape, kernelShape := c.shapes()
-			inputs := []*tensors.Tensor{randomTensor(rng, inputShape), randomTensor(rng, kernelShape)}
+			inputs := []*tensors.Tensor{computetest.RandomTensor(rng, inputShape), computetest.RandomTensor(rng, kernelShape)}
 			loss := func(nodes []*graph.Node) *graph.Node { return smoothLoss(c.convolve(nodes[0], nodes[1])) }
 			var got, want []*tensors.Tensor
 			var err error
-			withRegistration(true, func() { got, err = gradients(t, backend, loss, inputs) })
+			patch.With(true, func() { got, err = gradients(t, backend, loss, inputs) })
 			require.NoError(t, err)
-			withRegistration(false, func() { want, err = gradients(t, reference, loss, inputs) })
+			patch.With(false, func() { want, err = gradients(t, reference, loss, inputs) })
 			require.NoError(t, err)
 			const inputGradient, kernelGradient = 0, 1
 			compared := []int{inputGradient, kernelGradient}

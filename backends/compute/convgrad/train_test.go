@@ -15,6 +15,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // cnnConfig is a small image classifier: [conv 3×3 (SAME), relu, max-pool 2×2] per entry of filters, then a
@@ -61,7 +63,7 @@ func newTrainStep(tb testing.TB, backend backends.Backend, model cnnConfig, lear
 // randomBatch returns images shaped [batch, size, size, 1] with values in [-1, 1) and labels [batch, 1] in
 // [0, numClasses).
 func randomBatch(rng *rand.Rand, batch, size, numClasses int) (images, labels *tensors.Tensor) {
-	images = randomTensor(rng, shapes.Make(dtypes.Float32, batch, size, size, 1))
+	images = computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, batch, size, size, 1))
 	classes := make([]int32, batch)
 	for i := range classes {
 		classes[i] = int32(rng.IntN(numClasses))
@@ -73,9 +75,9 @@ func randomBatch(rng *rand.Rand, batch, size, numClasses int) (images, labels *t
 // pure-Go backend, as is and with LowerConvolutions: it memorises a fixed random batch, which needs every
 // gradient to flow.
 func TestCNNTrainsOnPureGo(t *testing.T) {
-	for name, backend := range map[string]backends.Backend{"simplego": pureGoBackend(t), "lowered": pureGoLowered()} {
+	for name, backend := range map[string]backends.Backend{"simplego": computetest.PureGo(t), "lowered": pureGoLowered()} {
 		t.Run(name, func(t *testing.T) {
-			withRegistration(true, func() {
+			patch.With(true, func() {
 				model := cnnConfig{filters: []int{4, 8}, numClasses: 10}
 				step := newTrainStep(t, backend, model, 0.01)
 				defer step.Finalize()
@@ -102,7 +104,7 @@ var fashionMNISTCNN = cnnConfig{filters: []int{32, 64}, hidden: 128, numClasses:
 
 // benchmarkBackends are the pure-Go backend as is and with LowerConvolutions.
 func benchmarkBackends(b *testing.B) map[string]backends.Backend {
-	return map[string]backends.Backend{"conv=simplego": pureGoBackend(b), "conv=lowered": pureGoLowered()}
+	return map[string]backends.Backend{"conv=simplego": computetest.PureGo(b), "conv=lowered": pureGoLowered()}
 }
 
 // BenchmarkCNNTrainingStep times one training step (forward, backward, Adam update) of fashionMNISTCNN at
@@ -110,7 +112,7 @@ func benchmarkBackends(b *testing.B) map[string]backends.Backend {
 func BenchmarkCNNTrainingStep(b *testing.B) {
 	for name, backend := range benchmarkBackends(b) {
 		b.Run(name, func(b *testing.B) {
-			withRegistration(true, func() {
+			patch.With(true, func() {
 				step := newTrainStep(b, backend, fashionMNISTCNN, 0.001)
 				defer step.Finalize()
 				images, labels := randomBatch(rand.New(rand.NewPCG(6, 6)), 64, 28, fashionMNISTCNN.numClasses)

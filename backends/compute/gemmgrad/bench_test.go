@@ -9,6 +9,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // mlpWidths are the layer widths of the benchmarked MLP: an MNIST-sized input, three hidden layers.
@@ -38,13 +40,13 @@ func mlpTrainingStep(inputs []*graph.Node) []*graph.Node {
 func BenchmarkMLPTrainingStep(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	args := []any{
-		randomTensor(rng, shapes.Make(dtypes.Float32, mlpBatch, mlpWidths[0])),
-		randomTensor(rng, shapes.Make(dtypes.Float32, mlpBatch, mlpWidths[len(mlpWidths)-1])),
+		computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, mlpBatch, mlpWidths[0])),
+		computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, mlpBatch, mlpWidths[len(mlpWidths)-1])),
 	}
 	for layer := range len(mlpWidths) - 1 {
 		args = append(args,
-			randomTensor(rng, shapes.Make(dtypes.Float32, mlpWidths[layer], mlpWidths[layer+1])),
-			randomTensor(rng, shapes.Make(dtypes.Float32, mlpWidths[layer+1])))
+			computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, mlpWidths[layer], mlpWidths[layer+1])),
+			computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, mlpWidths[layer+1])))
 	}
 
 	for _, variant := range []struct {
@@ -52,8 +54,8 @@ func BenchmarkMLPTrainingStep(b *testing.B) {
 		registerGemm bool
 	}{{"gomlx", false}, {"gemm", true}} {
 		b.Run(variant.name, func(b *testing.B) {
-			withRegistration(variant.registerGemm, func() {
-				exec, err := graph.NewExec(pureGoBackend(b), mlpTrainingStep)
+			patch.With(variant.registerGemm, func() {
+				exec, err := graph.NewExec(computetest.PureGo(b), mlpTrainingStep)
 				require.NoError(b, err)
 				defer exec.Finalize()
 

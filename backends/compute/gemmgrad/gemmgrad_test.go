@@ -11,6 +11,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
 // gradientCase is a product of two operands whose gradients are compared between GoMLX's VJPs and ours.
@@ -115,7 +117,7 @@ func TestGradientsAgreeWithGoMLX(t *testing.T) {
 // relative difference. It fails if our VJP would not handle one of the product's Dot/DotGeneral nodes.
 func compareGradients(t *testing.T, rng *rand.Rand, tc gradientCase, dtype dtypes.DType) float64 {
 	t.Helper()
-	g := graph.NewGraph(pureGoBackend(t), "compare")
+	g := graph.NewGraph(computetest.PureGo(t), "compare")
 	defer g.Finalize()
 	lhs := graph.Parameter(g, "lhs", shapes.Make(dtype, tc.lhsDims...))
 	rhs := graph.Parameter(g, "rhs", shapes.Make(dtype, tc.rhsDims...))
@@ -134,13 +136,13 @@ func compareGradients(t *testing.T, rng *rand.Rand, tc gradientCase, dtype dtype
 	require.Equal(t, 1, numProducts, "the case should build exactly one Dot or DotGeneral")
 
 	var want, got []*graph.Node
-	withRegistration(false, func() { want = graph.Gradient(loss, lhs, rhs) })
+	patch.With(false, func() { want = graph.Gradient(loss, lhs, rhs) })
 	require.NotPanics(t, func() {
-		withRegistration(true, func() { got = graph.Gradient(loss, lhs, rhs) })
+		patch.With(true, func() { got = graph.Gradient(loss, lhs, rhs) })
 	})
 	g.Compile(append(want, got...)...)
-	outputs := g.Run(randomTensor(rng, lhs.Shape()), randomTensor(rng, rhs.Shape()),
-		randomTensor(rng, weights.Shape()))
+	outputs := g.Run(computetest.RandomTensor(rng, lhs.Shape()), computetest.RandomTensor(rng, rhs.Shape()),
+		computetest.RandomTensor(rng, weights.Shape()))
 
 	var worst float64
 	for i, operand := range []string{"lhs", "rhs"} {
@@ -168,12 +170,12 @@ func TestDenseGradientHasNoBatchInOutIntermediate(t *testing.T) {
 	for _, layer := range layers {
 		for _, registerGemm := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/gemm=%t", layer.name, registerGemm), func(t *testing.T) {
-				g := graph.NewGraph(pureGoBackend(t), "dense")
+				g := graph.NewGraph(computetest.PureGo(t), "dense")
 				defer g.Finalize()
 				x := graph.Parameter(g, "x", shapes.Make(dtypes.Float32, layer.inputDims...))
 				w := graph.Parameter(g, "w", shapes.Make(dtypes.Float32, in, out))
 				loss := graph.ReduceAllSum(graph.Square(layer.dense(x, w)))
-				withRegistration(registerGemm, func() { _ = graph.Gradient(loss, x, w) })
+				patch.With(registerGemm, func() { _ = graph.Gradient(loss, x, w) })
 
 				largest, node := largestNodeSize(g)
 				if registerGemm {
@@ -193,7 +195,7 @@ func TestCheckCompatible(t *testing.T) {
 
 func TestRegisterUnregister(t *testing.T) {
 	funcPointer := func(vjp graph.VJP) uintptr { return reflect.ValueOf(vjp).Pointer() }
-	withRegistration(false, func() {
+	patch.With(false, func() {
 		shippedDot := graph.VJPRegistration[graph.NodeTypeDot]
 		shippedDotGeneral := graph.VJPRegistration[graph.NodeTypeDotGeneral]
 		require.False(t, Registered())
@@ -216,7 +218,7 @@ func TestRegisterUnregister(t *testing.T) {
 
 func TestRegisterConcurrently(t *testing.T) {
 	funcPointer := func(vjp graph.VJP) uintptr { return reflect.ValueOf(vjp).Pointer() }
-	withRegistration(false, func() {
+	patch.With(false, func() {
 		shippedDot := graph.VJPRegistration[graph.NodeTypeDot]
 		done := make(chan struct{})
 		for range 8 {
@@ -239,7 +241,7 @@ func TestRegisterConcurrently(t *testing.T) {
 
 // TestFallsBackToGoMLX covers nodes the gemm gradients leave alone: the replaced VJP must get them.
 func TestFallsBackToGoMLX(t *testing.T) {
-	g := graph.NewGraph(pureGoBackend(t), "fallback")
+	g := graph.NewGraph(computetest.PureGo(t), "fallback")
 	defer g.Finalize()
 	lhs := graph.Parameter(g, "lhs", shapes.Make(dtypes.Int32, 2, 3))
 	rhs := graph.Parameter(g, "rhs", shapes.Make(dtypes.Int32, 3, 4))
@@ -259,7 +261,7 @@ func TestFallsBackToGoMLX(t *testing.T) {
 // TestLayoutChangesFailLoudly checks that axes read from the wrong node, or contradicting the shapes, are
 // reported rather than used.
 func TestLayoutChangesFailLoudly(t *testing.T) {
-	g := graph.NewGraph(pureGoBackend(t), "layout")
+	g := graph.NewGraph(computetest.PureGo(t), "layout")
 	defer g.Finalize()
 	x := graph.Parameter(g, "x", shapes.Make(dtypes.Float32, 2, 3))
 	_, err := readDotGeneralAxes(graph.Add(x, x))

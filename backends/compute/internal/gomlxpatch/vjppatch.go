@@ -81,6 +81,22 @@ func (p *VJPPatch) Registered() bool {
 	return p.registered
 }
 
+// With runs fn with the VJPs registered or not, and restores the previous state after: tests compare GoMLX's
+// gradients with the patched ones in one process. Callers must not run concurrently with each other.
+func (p *VJPPatch) With(register bool, fn func()) {
+	if p.Registered() {
+		defer p.Register()
+	} else {
+		defer p.Unregister()
+	}
+	if register {
+		p.Register()
+	} else {
+		p.Unregister()
+	}
+	fn()
+}
+
 // Replaced returns the VJP that Register replaced for nodeType, nil when none was or when not registered.
 func (p *VJPPatch) Replaced(nodeType graph.NodeType) graph.VJP {
 	p.mu.Lock()
