@@ -212,6 +212,9 @@ func TestWatchdogAcrossProcesses(t *testing.T) {
 	assert.GreaterOrEqual(t, rep.Elapsed, timeout.Seconds())
 	assert.Less(t, rep.Elapsed, 10*timeout.Seconds())
 	assert.Contains(t, rep.Message, "did not complete within 1s")
-	// The library prints nothing itself; the launcher says who ended the job.
-	assert.Contains(t, out.Stdout+out.Stderr, "MPI_ABORT was invoked on rank 0", "%s", out)
+	// The abort, not rank 1's own end, finished the job: rank 1 never got to report. (mpirun's own
+	// "MPI_ABORT was invoked on rank 0" banner is not asserted: Open MPI 4.1 sometimes loses it in
+	// "ORTE_ERROR_LOG: Data unpack would read past end of buffer ... show_help.c".)
+	_, rank1Reported := out.Result(1)
+	assert.False(t, rank1Reported, "rank 1 outlived rank 0's abort:\n%s", out)
 }
