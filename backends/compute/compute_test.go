@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestVisibleDeviceForRank(t *testing.T) {
@@ -54,4 +55,41 @@ func TestNewNamesWhatIsMissing(t *testing.T) {
 	}
 	_, err = New(Config{Backend: "nosuch"})
 	assert.ErrorContains(t, err, "nosuch")
+}
+
+// TestScheduleOps: a bare pure-Go configuration runs operations sequentially when the process has one
+// thread, keeps the backend's own scheduling with more, and never overrides what the user configured.
+func TestScheduleOps(t *testing.T) {
+	t.Setenv(ThreadsEnvVar, "")
+	for _, tc := range []struct {
+		name   string
+		config string
+		cfg    Config
+		want   string
+	}{
+		{"one thread", PureGo, Config{Threads: 1}, PureGo + ":" + sequentialOps},
+		{"two ranks share two cores", PureGo, Config{LocalSize: 1 << 20}, PureGo + ":" + sequentialOps},
+		{"several threads", PureGo, Config{Threads: 4}, PureGo},
+		{"user's options stand", PureGo + ":ops_parallel", Config{Threads: 1}, PureGo + ":ops_parallel"},
+		{"other backends untouched", "xla:cpu", Config{Threads: 1}, "xla:cpu"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := scheduleOps(tc.cfg, tc.config)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+	t.Setenv(ThreadsEnvVar, "none")
+	_, err := scheduleOps(Config{}, PureGo)
+	assert.ErrorContains(t, err, ThreadsEnvVar)
+}
+
+// TestKernelsReportOps: CurrentKernels says how the pure-Go backend New set up schedules operations.
+func TestKernelsReportOps(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", "")
+	for threads, want := range map[int]string{1: "sequential", 2: "parallel"} {
+		_, err := New(Config{Backend: PureGo, Threads: threads})
+		require.NoError(t, err)
+		assert.Equal(t, want, CurrentKernels().Ops, "%d thread(s)", threads)
+	}
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/goaccel/goaccel/backends/compute/blas"
 	"github.com/goaccel/goaccel/backends/compute/convgrad"
@@ -22,8 +24,9 @@ const (
 	// MatmulEnvVar: "blas" (default when built with the blas tag) runs the pure-Go backend's matrix
 	// multiplications on OpenBLAS; "go" keeps the backend's own kernel.
 	MatmulEnvVar = "GOACCEL_MATMUL"
-	// ThreadsEnvVar sets the BLAS threads of this process; by default the node's cores divided by the
-	// processes on it, so that ranks sharing a node do not oversubscribe its cores.
+	// ThreadsEnvVar sets the compute threads of this process (BLAS threads; with 1, sequential operations
+	// on the pure-Go backend); by default the node's cores divided by the processes on it, so that ranks
+	// sharing a node do not oversubscribe its cores.
 	ThreadsEnvVar = "GOACCEL_BLAS_THREADS"
 )
 
@@ -35,6 +38,25 @@ type Kernels struct {
 	Matmul string
 	// Threads is the number of BLAS threads this process uses (0 when BLAS is not in use).
 	Threads int
+	// Ops says how the pure-Go backend schedules a graph's operations: "sequential" or "parallel" (its own
+	// default: independent operations on parallel goroutines when one graph executes alone).
+	Ops string
+}
+
+var (
+	opsMu sync.Mutex
+	// opsSchedule is Kernels.Ops of the pure-Go backend New set up last.
+	opsSchedule = "parallel"
+)
+
+// setOpsSchedule records the op scheduling that the pure-Go backend's configuration options select.
+func setOpsSchedule(options string) {
+	opsMu.Lock()
+	defer opsMu.Unlock()
+	opsSchedule = "parallel"
+	if slices.Contains(strings.Split(options, ","), sequentialOps) {
+		opsSchedule = "sequential"
+	}
 }
 
 // CurrentKernels reports the kernels in use in this process.
@@ -46,6 +68,9 @@ func CurrentKernels() Kernels {
 	if blas.Installed() {
 		k.Matmul, k.Threads = blas.Path(), blas.Threads()
 	}
+	opsMu.Lock()
+	k.Ops = opsSchedule
+	opsMu.Unlock()
 	return k
 }
 
@@ -72,7 +97,7 @@ func setUpKernels(cfg Config, backendName string) error {
 			return fmt.Errorf("compute: %s=blas but this binary was built without BLAS: rebuild with "+
 				"`-tags blas` (needs libopenblas-dev)", MatmulEnvVar)
 		}
-		threads, err := blasThreads(cfg)
+		threads, err := threadBudget(cfg)
 		if err != nil {
 			return err
 		}
@@ -87,9 +112,9 @@ func setUpKernels(cfg Config, backendName string) error {
 	return nil
 }
 
-// blasThreads is the thread budget of one rank: its share of the node's cores, so that threads × ranks on
-// the node never exceed the cores (OpenBLAS spins its threads, and oversubscribed spinning collapses).
-func blasThreads(cfg Config) (int, error) {
+// threadBudget is the compute threads of one rank: its share of the node's cores, so that threads × ranks
+// on the node never exceed the cores (OpenBLAS spins its threads, and oversubscribed spinning collapses).
+func threadBudget(cfg Config) (int, error) {
 	if cfg.Threads > 0 {
 		return cfg.Threads, nil
 	}

@@ -185,7 +185,8 @@ func describeKernels(config string, topo backends.Topology) []entry {
 	if k.Threads > 0 {
 		threads = fmt.Sprintf("%d per process × %d process(es) on this node", k.Threads, max(1, topo.LocalSize))
 	}
-	return []entry{{"Gradients", k.Gradients}, {"Matmul", k.Matmul}, {"Matmul threads", threads}}
+	return []entry{{"Gradients", k.Gradients}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
+		{"Operations", k.Ops + " (how the pure-Go backend schedules a graph's operations)"}}
 }
 
 // relevantEnvironment lists the variables that change what goaccel, GoMLX or Open MPI do.

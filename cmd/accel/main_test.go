@@ -169,6 +169,7 @@ func Example_env() {
 	// Gradients
 	// Matmul
 	// Matmul threads
+	// Operations
 	// Environment
 }
 
@@ -195,6 +196,10 @@ func TestEnvReportsKernels(t *testing.T) {
 	t.Setenv(compute.GradientsEnvVar, "")
 	t.Setenv(compute.MatmulEnvVar, "")
 	assert.Equal(t, "gemm", report()["Gradients"], "the defaults come back")
+	t.Setenv(compute.ThreadsEnvVar, "1")
+	assert.True(t, strings.HasPrefix(report()["Operations"], "sequential"), "one thread: one operation at a time")
+	t.Setenv(compute.ThreadsEnvVar, "2")
+	assert.True(t, strings.HasPrefix(report()["Operations"], "parallel"), "two threads: the backend's own scheduling")
 }
 
 // TestLaunchProgramThatCannotRun: a missing or non-executable program gets a shell's exit code (127, 126)
