@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
@@ -36,9 +38,17 @@ func ExampleLoad() {
 	first := tensors.MustCopyFlatData[int32](train.Labels)[0]
 	fmt.Println(fashionmnist.ClassNames[first])
 	// Output:
-	// (Float32)[3 784] (Int32)[3 1]
-	// (Float32)[2 784] (Int32)[2 1]
+	// (Uint8)[3 784] (Int32)[3 1]
+	// (Uint8)[2 784] (Int32)[2 1]
 	// Ankle boot
+}
+
+// Pixels stay bytes in memory; a model scales them to [0, 1] in its graph.
+func ExampleScale() {
+	pixels := tensors.FromValue([][]uint8{{0, 51, 255}})
+	scaled := graph.MustExecOnce(simplego.GetBackend(), fashionmnist.Scale, pixels)
+	fmt.Printf("%.4f\n", tensors.MustCopyFlatData[float32](scaled))
+	// Output: [0.0000 0.2000 1.0000]
 }
 
 // A missing dataset is reported with the command that installs it.

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -67,17 +69,15 @@ func checkSplit(t *testing.T, d *fashionmnist.Dataset, split fashionmnist.Split,
 	assert.Equal(t, split, d.Split)
 	assert.Equal(t, n, d.Len())
 
-	assert.Equal(t, dtypes.Float32, d.Images.DType())
+	assert.Equal(t, dtypes.Uint8, d.Images.DType())
 	assert.Equal(t, []int{n, 784}, d.Images.Shape().Dimensions)
 	assert.Equal(t, dtypes.Int32, d.Labels.DType())
 	assert.Equal(t, []int{n, 1}, d.Labels.Shape().Dimensions)
 
-	pixels := tensors.MustCopyFlatData[float32](d.Images)
+	pixels := tensors.MustCopyFlatData[uint8](d.Images)
 	for i := 0; i < n; i++ {
 		for j := 0; j < fashionmnist.ImageSize; j++ {
-			v := pixels[i*fashionmnist.ImageSize+j]
-			require.InDelta(t, float32(pixel(i, j))/255, v, 1e-7, "image %d pixel %d", i, j)
-			require.True(t, v >= 0 && v <= 1)
+			require.Equal(t, pixel(i, j), pixels[i*fashionmnist.ImageSize+j], "image %d pixel %d", i, j)
 		}
 	}
 	labels := tensors.MustCopyFlatData[int32](d.Labels)
@@ -133,7 +133,10 @@ func TestScaling(t *testing.T) {
 	}
 	d, err := fashionmnist.LoadSplit(dir, fashionmnist.Train)
 	require.NoError(t, err)
-	px := tensors.MustCopyFlatData[float32](d.Images)
+	assert.Equal(t, img, tensors.MustCopyFlatData[uint8](d.Images), "the files' pixel values, unchanged")
+	scaled := graph.MustExecOnce(simplego.GetBackend(), fashionmnist.Scale, d.Images)
+	require.Equal(t, dtypes.Float32, scaled.DType())
+	px := tensors.MustCopyFlatData[float32](scaled)
 	assert.Equal(t, float32(0), px[0])
 	assert.InDelta(t, 0.2, px[1], 1e-7)
 	assert.Equal(t, float32(1), px[2])
@@ -358,12 +361,12 @@ func TestRealDataset(t *testing.T) {
 				assert.Equal(t, tc.perClass, n, "examples of class %d (%s)", c, fashionmnist.ClassNames[c])
 			}
 
-			lo, hi := float32(1), float32(0)
-			for _, v := range tensors.MustCopyFlatData[float32](tc.d.Images) {
+			lo, hi := uint8(fashionmnist.MaxPixel), uint8(0)
+			for _, v := range tensors.MustCopyFlatData[uint8](tc.d.Images) {
 				lo, hi = min(lo, v), max(hi, v)
 			}
-			assert.Equal(t, float32(0), lo)
-			assert.Equal(t, float32(1), hi)
+			assert.Equal(t, uint8(0), lo)
+			assert.Equal(t, uint8(fashionmnist.MaxPixel), hi)
 		})
 	}
 

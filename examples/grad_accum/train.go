@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
@@ -17,7 +18,7 @@ import (
 	"github.com/goaccel/goaccel/prepare"
 )
 
-// pixelMean and pixelStd are the statistics of Fashion-MNIST's training pixels (scaled to [0, 1]).
+// pixelMean and pixelStd are the statistics of Fashion-MNIST's training pixels, scaled to [0, 1].
 // Centred, unit-variance inputs condition the first layer's gradients better, so Adam gets further in the
 // few hundred steps that a large global batch leaves it (with 2 processes: 0.845 → 0.863 test accuracy).
 const (
@@ -33,8 +34,12 @@ func modelFn(cfg config) prepare.ModelFn {
 	return mlp(cfg.hidden)
 }
 
-// standardise centres and scales the pixels.
-func standardise(pixels *Node) *Node { return DivScalar(AddScalar(pixels, -pixelMean), pixelStd) }
+// standardise turns the dataset's uint8 pixels into centred, scaled floats: (pixels/255 − mean) / std,
+// folded into one shift and one scale of the converted bytes.
+func standardise(pixels *Node) *Node {
+	x := ConvertDType(pixels, dtypes.Float32)
+	return MulScalar(AddScalar(x, -pixelMean*fashionmnist.MaxPixel), 1/(pixelStd*fashionmnist.MaxPixel))
+}
 
 // mlp returns the model function: standardise, 784 → hidden (ReLU) → 10 logits. One hidden layer already
 // reaches ≈0.86 in three epochs (published MLP baselines are ≈0.87).
