@@ -363,7 +363,11 @@ func (l *DataLoader) sourceBatch(order []int, epoch, step int) (Batch, error) {
 		batch.Indices = append(batch.Indices, order[j*size+rank])
 	}
 	var err error
-	batch.Inputs, batch.Labels, err = l.source.Batch(batch.Indices)
+	if s, ok := l.source.(backendSource); ok {
+		batch.Inputs, batch.Labels, err = s.batchOn(l.rt.Backend, batch.Indices)
+	} else {
+		batch.Inputs, batch.Labels, err = l.source.Batch(batch.Indices)
+	}
 	if err != nil {
 		err = fmt.Errorf("prepare: loading batch %d of epoch %d: %w", step, epoch, err)
 	}

@@ -897,3 +897,24 @@ func TestLoaderSplitBatches(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "split batches needs an indexable source")
 }
+
+// TestLoaderBatchesInBackendBuffers: a TensorSource's batches are gathered straight into the compute
+// backend's buffers when those are host memory (the pure-Go backend's), so the training step reads them
+// without copying; a batch stays valid after later ones, and a source of its own still yields host tensors.
+func TestLoaderBatchesInBackendBuffers(t *testing.T) {
+	rts := loaderRuntimes(t, 1, 1)
+	require.True(t, rts[0].Backend.HasSharedBuffers())
+	batches := epochBatches(t, newLoaders(t, rts, rangeSource(t, 10), prepare.BatchSize(4), prepare.Shuffle())[0])
+	require.Len(t, batches, 3)
+	for _, b := range batches {
+		for _, tensor := range append(slices.Clone(b.Inputs), b.Labels...) {
+			assert.True(t, tensor.IsOnDevice(0) && !tensor.IsLocal(), "step %d: in a backend buffer, no host copy", b.Step)
+		}
+		requireBatchMatchesIndices(t, b) // still right after the whole epoch was gathered
+	}
+
+	own := &countingSource{Source: rangeSource(t, 10)}
+	for _, b := range epochBatches(t, newLoaders(t, loaderRuntimes(t, 1, 1), own, prepare.BatchSize(4))[0]) {
+		assert.True(t, b.Inputs[0].IsLocal(), "step %d: a source's own tensors are passed through", b.Step)
+	}
+}

@@ -3,7 +3,10 @@ package prepare
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"unsafe"
 
+	gomlxbackends "github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 )
@@ -126,17 +129,30 @@ func firstOutside[T int8 | int16 | int32 | int64 | uint8 | uint16 | uint32](flat
 func (s *tensorSource) Len() int { return s.n }
 
 func (s *tensorSource) Batch(indices []int) (inputs, labels []*tensors.Tensor, err error) {
-	if inputs, err = gatherRows(s.inputs, indices); err != nil {
+	return s.batchOn(nil, indices)
+}
+
+// batchOn is Batch gathering into tensors of backend (nil: local tensors). The data loader calls it with its
+// compute backend: where the backend's buffers are host memory, the examples are copied straight into one
+// of its buffers, which the training step then reads in place instead of copying the batch into a buffer of
+// its own first.
+func (s *tensorSource) batchOn(backend gomlxbackends.Backend, indices []int) (inputs, labels []*tensors.Tensor, err error) {
+	if inputs, err = gatherRows(backend, s.inputs, indices); err != nil {
 		return nil, nil, err
 	}
-	if labels, err = gatherRows(s.labels, indices); err != nil {
+	if labels, err = gatherRows(backend, s.labels, indices); err != nil {
 		return nil, nil, err
 	}
 	return inputs, labels, nil
 }
 
+// backendSource is a Source that can gather a batch into tensors of a compute backend.
+type backendSource interface {
+	batchOn(backend gomlxbackends.Backend, indices []int) (inputs, labels []*tensors.Tensor, err error)
+}
+
 // gatherRows copies the rows at indices of each tensor into new tensors, byte-wise, whatever the dtype.
-func gatherRows(ts []*tensors.Tensor, indices []int) ([]*tensors.Tensor, error) {
+func gatherRows(backend gomlxbackends.Backend, ts []*tensors.Tensor, indices []int) ([]*tensors.Tensor, error) {
 	out := make([]*tensors.Tensor, len(ts))
 	for i, t := range ts {
 		s := t.Shape()
@@ -149,26 +165,59 @@ func gatherRows(ts []*tensors.Tensor, indices []int) ([]*tensors.Tensor, error) 
 			}
 		}
 		dims := append([]int{len(indices)}, s.Dimensions[1:]...)
-		batch := tensors.FromShape(shapes.Make(s.DType, dims...))
+		batch, dst, err := newTensor(backend, shapes.Make(s.DType, dims...))
+		if err != nil {
+			return nil, fmt.Errorf("prepare: gathering examples: %w", err)
+		}
 		out[i] = batch
-		if batch.Shape().Size() == 0 {
+		if len(dst) == 0 {
 			continue // nothing to copy, and GoMLX's byte views need at least one element
 		}
 		rowBytes := int(s.Memory()) / rows
-		var copyErr error
-		err := t.ConstBytes(func(src []byte) {
-			copyErr = batch.MutableBytes(func(dst []byte) {
-				for j, idx := range indices {
-					copy(dst[j*rowBytes:(j+1)*rowBytes], src[idx*rowBytes:(idx+1)*rowBytes])
-				}
-			})
+		err = t.ConstBytes(func(src []byte) {
+			for j, idx := range indices {
+				copy(dst[j*rowBytes:(j+1)*rowBytes], src[idx*rowBytes:(idx+1)*rowBytes])
+			}
 		})
-		if err == nil {
-			err = copyErr
-		}
 		if err != nil {
 			return nil, fmt.Errorf("prepare: gathering examples: %w", err)
 		}
 	}
 	return out, nil
+}
+
+// newTensor returns a new tensor of shape and its storage as bytes, to be written before the tensor is used.
+// On a backend whose buffers are host memory the storage is one of the backend's buffers (what a graph
+// execution takes without a copy); otherwise, and for a nil backend, it is local memory.
+func newTensor(backend gomlxbackends.Backend, shape shapes.Shape) (*tensors.Tensor, []byte, error) {
+	if shape.Size() == 0 {
+		return tensors.FromShape(shape), nil, nil
+	}
+	if backend != nil && backend.HasSharedBuffers() {
+		buffer, flat, err := backend.NewSharedBuffer(0, shape)
+		if err != nil {
+			return nil, nil, err
+		}
+		t, err := tensors.FromBuffer(backend, buffer)
+		if err != nil {
+			return nil, nil, err
+		}
+		return t, flatBytes(flat), nil
+	}
+	t := tensors.FromShape(shape)
+	var storage []byte
+	// The slice outlives the callback: the tensor owns it and nobody else holds the tensor yet.
+	if err := t.MutableBytes(func(b []byte) { storage = b }); err != nil {
+		return nil, nil, err
+	}
+	return t, storage, nil
+}
+
+// flatBytes views a flat slice of any element type as its bytes.
+func flatBytes(flat any) []byte {
+	v := reflect.ValueOf(flat)
+	if v.Len() == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(v.UnsafePointer()), v.Len()*int(v.Type().Elem().Size()))
 }
