@@ -86,6 +86,8 @@ type Model struct {
 
 	computeTime time.Duration
 	microSteps  int64
+	// scalars are the scale, advance and sync-scale arguments of the compiled steps, kept on the device.
+	scalars deviceScalars
 }
 
 // NewModel prepares a model. Variables are created (or reused, if ctx already has them) the first time a
@@ -103,7 +105,7 @@ func NewModel(rt *Runtime, ctx *context.Context, modelFn ModelFn, lossFn LossFn,
 	case lossFn == nil:
 		return nil, errors.New("prepare: loss function is nil")
 	}
-	m := &Model{rt: rt, ctx: ctx, modelFn: modelFn, lossFn: lossFn}
+	m := &Model{rt: rt, ctx: ctx, modelFn: modelFn, lossFn: lossFn, scalars: deviceScalars{backend: rt.Backend}}
 	for _, opt := range opts {
 		opt(m)
 	}
@@ -335,7 +337,7 @@ func (m *Model) microStepArgs(batch Batch, scale float64, advance bool) []any {
 	for _, t := range batch.Labels {
 		args = append(args, t)
 	}
-	return append(args, tensors.FromScalar(scale), tensors.FromScalar(advance))
+	return append(args, m.scalars.get(scale), m.scalars.get(advance))
 }
 
 // checkBatch compares a batch with the shapes the model was built for: only the batch dimension may vary

@@ -214,7 +214,7 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 		}
 	}
 	start := time.Now()
-	_, err = o.applyExec.Exec(tensors.FromScalar(m.syncScale))
+	_, err = o.applyExec.Exec(m.scalars.get(m.syncScale))
 	o.computeTime += time.Since(start)
 	if err != nil {
 		return false, fmt.Errorf("prepare: optimizer step: %w", err)
