@@ -89,13 +89,13 @@ def build_model(torch, args):
     if args.model == "mlp":
         return nn.Sequential(Standardise(), nn.Flatten(), nn.Linear(784, args.hidden), nn.ReLU(),
                              nn.Linear(args.hidden, 10))
-    # The demo's CNN: two 3×3 "same" convolutions (32 and 64 channels), each followed by ReLU and 2×2 max
+    # The demo's CNN: two 3×3 "same" convolutions (16 and 32 channels), each followed by ReLU and 2×2 max
     # pooling, then a dense hidden layer and the logits.
     return nn.Sequential(
         Standardise(),
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
 
 
 def shard(n, epoch, rank, procs, seed):
