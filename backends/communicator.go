@@ -229,7 +229,7 @@ func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Commun
 	}
 	c := NewCommunicator(engineName, engine, opts...)
 	c.polling = pollSpinning
-	if topo.LocalSize > runtime.NumCPU() {
+	if topo.Oversubscribed() {
 		c.polling = pollYieldingThreads
 	}
 	if c.Size() != topo.WorldSize || c.Rank() != topo.Rank {

@@ -3,6 +3,7 @@ package backends
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 )
 
@@ -18,6 +19,10 @@ type Topology struct {
 	// "default" when none were set.
 	Source string
 }
+
+// Oversubscribed reports whether this node runs more ranks than it has cores: waiting ranks must then hand
+// the processor to each other instead of spinning.
+func (t Topology) Oversubscribed() bool { return t.LocalSize > runtime.NumCPU() }
 
 // launcherVars lists, per launcher, the environment variables for rank, world size, local rank, local size
 // and node count ("" when that launcher does not export one). Order matters: a job started by mpirun under

@@ -1,6 +1,7 @@
 package backends
 
 import (
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -107,4 +108,11 @@ func TestTopologyHelpers(t *testing.T) {
 	assert.True(t, topo.IsLocalMain())
 	assert.Equal(t, "rank 4/8 (local 0/4, 2 node(s), from slurm)", topo.String())
 	assert.True(t, Topology{WorldSize: 1, LocalSize: 1, Nodes: 1}.IsMain())
+}
+
+func TestOversubscribed(t *testing.T) {
+	cores := runtime.NumCPU()
+	for localSize, want := range map[int]bool{1: false, cores: false, cores + 1: true} {
+		assert.Equal(t, want, Topology{LocalSize: localSize}.Oversubscribed(), "%d ranks on %d cores", localSize, cores)
+	}
 }

@@ -301,7 +301,7 @@ func open(topo backends.Topology) (backends.Engine, error) {
 		return nil, err
 	}
 	e := &engine{pollBudget: pollBudget}
-	if topo.LocalSize > runtime.NumCPU() {
+	if topo.Oversubscribed() {
 		e.pollBudget = 0
 	}
 	if err := e.setUp(); err != nil {
