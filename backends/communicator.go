@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -149,6 +150,11 @@ type Communicator struct {
 	left map[int]departure
 	// polling is what a wait does between two busy polls.
 	polling pollMode
+	// resched passes the polling goroutine through Go's scheduler (runtime.Gosched; tests count the calls);
+	// lastResched is when it last did, as time since epoch. See reschedEvery.
+	resched     func()
+	epoch       time.Time
+	lastResched atomic.Int64
 }
 
 // departure is what a rank announced on its way out of the job.
@@ -168,7 +174,8 @@ func WithTimeout(d time.Duration) CommunicatorOption {
 
 // NewCommunicator wraps an engine. engineName is what Name reports.
 func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
-	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout}
+	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout,
+		resched: runtime.Gosched, epoch: time.Now()}
 	if d, err := timeoutFromEnv(); err != nil {
 		// Never ignore the setting: every collective reports it (Open refuses to open at all).
 		c.configErr = err
@@ -324,14 +331,47 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 // or writing a checkpoint, and sleeping keeps that idle wait from burning a core.
 const busyPollFor = 20 * time.Millisecond
 
+// reschedEvery is how often a rank that spins on collectives passes through Go's scheduler. Go's sysmon
+// preempts a goroutine that ran 10 ms without passing through it, and one it finds inside a cgo call (where
+// an MPI poll spends most of its time) cannot be preempted: sysmon takes its P instead and wakes another
+// thread to run it. A goroutine that goes on spinning never starts a new time slice, so this repeats at
+// every cgo call sysmon catches, each time waking a thread that takes a core from a rank progressing the
+// same collective. Measured on 2 ranks of a 2-core machine (make bench, goaccel / MPI_Allreduce, medians of
+// several runs), without passing through the scheduler and with it: 64 KB 0.65–0.69 and 0.78–0.81, 256 KB
+// 0.58–0.71 and 0.87–0.88, 1 MB 0.79–0.89 and 0.81–0.92, 4 MB 0.92–0.93 and 0.85–0.88 (the one size it
+// costs), 16 MB 0.87–0.95 and 0.86–0.91; a 21.9 MB bucketed gradient sync went from 3.9 to 2.6 ms. Every
+// 5 ms keeps each 10 ms window covered.
+const reschedEvery = 5 * time.Millisecond
+
+// refreshSlice passes the polling goroutine through the scheduler once reschedEvery has gone by since it
+// last did (see reschedEvery). It stays locked to its thread meanwhile: a plain Gosched woke another thread
+// that took the goroutine over in 4 calls out of 5, leaving its core idle and the goroutine on a core the
+// peer rank used, which cost more bandwidth from 1 MB up (0.73–0.84) than the preemptions did. Waits that
+// yield to goroutines between polls pass through the scheduler anyway.
+func (c *Communicator) refreshSlice(now time.Time) {
+	if c.polling == pollYieldingGoroutines {
+		return
+	}
+	since := int64(now.Sub(c.epoch))
+	if since-c.lastResched.Load() < int64(reschedEvery) {
+		return
+	}
+	c.lastResched.Store(since)
+	// Lock and unlock nest, so a caller's own lock survives.
+	runtime.LockOSThread()
+	c.resched()
+	runtime.UnlockOSThread()
+}
+
 // betweenPolls runs between two busy polls, as the poll mode says.
-func (c *Communicator) betweenPolls() {
+func (c *Communicator) betweenPolls(now time.Time) {
 	switch c.polling {
 	case pollYieldingThreads:
 		yieldProcessor()
 	case pollYieldingGoroutines:
 		runtime.Gosched()
 	}
+	c.refreshSlice(now)
 }
 
 // pollMode is what a waiting rank does between two busy polls.
@@ -357,6 +397,9 @@ const (
 // short sleeps after busyPollFor.
 func (c *Communicator) wait(p *Pending) error {
 	begin := time.Now()
+	// Collectives that complete at their first poll never reach betweenPolls, and a loop of them would
+	// otherwise never pass through the scheduler either.
+	c.refreshSlice(begin)
 	deadline := p.started.Add(c.timeout)
 	var sleep time.Duration
 	for {
@@ -399,7 +442,7 @@ func (c *Communicator) wait(p *Pending) error {
 			return terr
 		}
 		if now.Sub(begin) < busyPollFor {
-			c.betweenPolls()
+			c.betweenPolls(now)
 			continue
 		}
 		sleep = min(max(sleep*2, 10*time.Microsecond), time.Millisecond)

@@ -3,6 +3,7 @@ package backends
 import (
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,5 +34,61 @@ func TestPollingFollowsCores(t *testing.T) {
 	for _, c := range comms {
 		assert.Equal(t, pollYieldingGoroutines, c.polling)
 		require.NoError(t, c.Close())
+	}
+}
+
+// slowEngine is a one-rank engine whose collectives complete a fixed time after they start.
+type slowEngine struct{ after time.Duration }
+
+// completesAt is a request that completes at a given time.
+type completesAt time.Time
+
+func (t completesAt) Test() (bool, error) { return !time.Now().Before(time.Time(t)), nil }
+
+func (e slowEngine) request() (Request, error)                { return completesAt(time.Now().Add(e.after)), nil }
+func (slowEngine) Rank() int                                  { return 0 }
+func (slowEngine) Size() int                                  { return 1 }
+func (e slowEngine) StartAllReduceSum(any) (Request, error)   { return e.request() }
+func (e slowEngine) StartBroadcast(any, int) (Request, error) { return e.request() }
+func (e slowEngine) StartAllGather(any, any) (Request, error) { return e.request() }
+func (e slowEngine) StartBarrier() (Request, error)           { return e.request() }
+func (slowEngine) Abort(int)                                  {}
+func (slowEngine) Close() error                               { return nil }
+
+// TestSpinningWaitsPassThroughTheScheduler: a rank spinning on collectives passes through Go's scheduler
+// every reschedEvery, never more often, whether one collective lasts long or many complete at their first
+// poll; the in-process engine's waits, which yield to goroutines at every poll, do not add any.
+func TestSpinningWaitsPassThroughTheScheduler(t *testing.T) {
+	const span = 3 * reschedEvery // below busyPollFor: the whole wait spins
+	require.Less(t, span, busyPollFor)
+	for _, tc := range []struct {
+		name    string
+		polling pollMode
+		// collective lasts this long; the loop runs collectives until span has gone by.
+		collective time.Duration
+		wantAny    bool
+	}{
+		{"one long collective, spinning", pollSpinning, span, true},
+		{"one long collective, yielding the processor", pollYieldingThreads, span, true},
+		{"collectives done at their first poll", pollSpinning, 0, true},
+		{"yielding to goroutines", pollYieldingGoroutines, span, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCommunicator("slow", slowEngine{after: tc.collective})
+			c.polling = tc.polling
+			calls := 0
+			c.resched = func() { calls++ }
+			start := time.Now()
+			for time.Since(start) < span {
+				require.NoError(t, c.AllReduceSum(make([]float32, 4)))
+			}
+			elapsed := time.Since(start)
+			if !tc.wantAny {
+				assert.Zero(t, calls)
+				return
+			}
+			assert.GreaterOrEqual(t, calls, 1, "a %s spin never passed through the scheduler", elapsed)
+			assert.LessOrEqual(t, calls, int(elapsed/reschedEvery)+1, "more than one pass per %s", reschedEvery)
+		})
 	}
 }
