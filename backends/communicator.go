@@ -151,10 +151,9 @@ type Communicator struct {
 	// polling is what a wait does between two busy polls.
 	polling pollMode
 	// resched passes the polling goroutine through Go's scheduler (runtime.Gosched; tests count the calls);
-	// lastResched is when it last did, as time since epoch. See reschedEvery.
-	resched     func()
-	epoch       time.Time
-	lastResched atomic.Int64
+	// waited is the time spent in waits since it last did, in nanoseconds. See reschedEvery.
+	resched func()
+	waited  atomic.Int64
 }
 
 // departure is what a rank announced on its way out of the job.
@@ -174,8 +173,7 @@ func WithTimeout(d time.Duration) CommunicatorOption {
 
 // NewCommunicator wraps an engine. engineName is what Name reports.
 func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
-	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout,
-		resched: runtime.Gosched, epoch: time.Now()}
+	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout, resched: runtime.Gosched}
 	if d, err := timeoutFromEnv(); err != nil {
 		// Never ignore the setting: every collective reports it (Open refuses to open at all).
 		c.configErr = err
@@ -339,39 +337,44 @@ const busyPollFor = 20 * time.Millisecond
 // same collective. Measured on 2 ranks of a 2-core machine (make bench, goaccel / MPI_Allreduce, medians of
 // several runs), without passing through the scheduler and with it: 64 KB 0.65–0.69 and 0.78–0.81, 256 KB
 // 0.58–0.71 and 0.87–0.88, 1 MB 0.79–0.89 and 0.81–0.92, 4 MB 0.92–0.93 and 0.85–0.88 (the one size it
-// costs), 16 MB 0.87–0.95 and 0.86–0.91; a 21.9 MB bucketed gradient sync went from 3.9 to 2.6 ms. Every
-// 5 ms keeps each 10 ms window covered.
+// costs), 16 MB 0.87–0.95 and 0.86–0.91; a 21.9 MB bucketed gradient sync went from 3.9 to 2.6 ms.
+//
+// What counts is time spent waiting: every 5 ms of it keeps each 10 ms window covered while a rank does
+// nothing but collectives, and a rank that computes between them (a training step) passes through the
+// scheduler, or is preempted in Go code, in its compute; its short syncs add up to a pass every few hundred
+// steps instead of one per sync.
 const reschedEvery = 5 * time.Millisecond
 
-// refreshSlice passes the polling goroutine through the scheduler once reschedEvery has gone by since it
-// last did (see reschedEvery). It stays locked to its thread meanwhile: a plain Gosched woke another thread
-// that took the goroutine over in 4 calls out of 5, leaving its core idle and the goroutine on a core the
-// peer rank used, which cost more bandwidth from 1 MB up (0.73–0.84) than the preemptions did. Waits that
-// yield to goroutines between polls pass through the scheduler anyway.
-func (c *Communicator) refreshSlice(now time.Time) {
+// refreshSlice passes the polling goroutine through the scheduler once the waits since it last did, the
+// current one's inWait included, add up to reschedEvery (see reschedEvery). It stays locked to its thread
+// meanwhile: a plain Gosched woke another thread that took the goroutine over in 4 calls out of 5, leaving
+// its core idle and the goroutine on a core the peer rank used, which cost more bandwidth from 1 MB up
+// (0.73–0.84) than the preemptions did. Waits that yield to goroutines between polls pass through the
+// scheduler anyway.
+func (c *Communicator) refreshSlice(inWait time.Duration) {
 	if c.polling == pollYieldingGoroutines {
 		return
 	}
-	since := int64(now.Sub(c.epoch))
-	if since-c.lastResched.Load() < int64(reschedEvery) {
+	if c.waited.Load()+int64(inWait) < int64(reschedEvery) {
 		return
 	}
-	c.lastResched.Store(since)
+	// The rest of the current wait counts towards the next pass (wait adds the whole wait when it ends).
+	c.waited.Store(-int64(inWait))
 	// Lock and unlock nest, so a caller's own lock survives.
 	runtime.LockOSThread()
 	c.resched()
 	runtime.UnlockOSThread()
 }
 
-// betweenPolls runs between two busy polls, as the poll mode says.
-func (c *Communicator) betweenPolls(now time.Time) {
+// betweenPolls runs between two busy polls, as the poll mode says; inWait is how long the wait has polled.
+func (c *Communicator) betweenPolls(inWait time.Duration) {
 	switch c.polling {
 	case pollYieldingThreads:
 		yieldProcessor()
 	case pollYieldingGoroutines:
 		runtime.Gosched()
 	}
-	c.refreshSlice(now)
+	c.refreshSlice(inWait)
 }
 
 // pollMode is what a waiting rank does between two busy polls.
@@ -399,7 +402,8 @@ func (c *Communicator) wait(p *Pending) error {
 	begin := time.Now()
 	// Collectives that complete at their first poll never reach betweenPolls, and a loop of them would
 	// otherwise never pass through the scheduler either.
-	c.refreshSlice(begin)
+	c.refreshSlice(0)
+	defer func() { c.waited.Add(int64(time.Since(begin))) }()
 	deadline := p.started.Add(c.timeout)
 	var sleep time.Duration
 	for {
@@ -441,8 +445,8 @@ func (c *Communicator) wait(p *Pending) error {
 			c.mu.Unlock()
 			return terr
 		}
-		if now.Sub(begin) < busyPollFor {
-			c.betweenPolls(now)
+		if inWait := now.Sub(begin); inWait < busyPollFor {
+			c.betweenPolls(inWait)
 			continue
 		}
 		sleep = min(max(sleep*2, 10*time.Microsecond), time.Millisecond)

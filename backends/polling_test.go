@@ -56,22 +56,24 @@ func (slowEngine) Abort(int)                                  {}
 func (slowEngine) Close() error                               { return nil }
 
 // TestSpinningWaitsPassThroughTheScheduler: a rank spinning on collectives passes through Go's scheduler
-// every reschedEvery, never more often, whether one collective lasts long or many complete at their first
-// poll; the in-process engine's waits, which yield to goroutines at every poll, do not add any.
+// once per reschedEvery of waiting, never more often, whether one collective lasts long or many follow each
+// other; a rank that computes between short collectives, and the in-process engine's waits (which yield to
+// goroutines at every poll), add none.
 func TestSpinningWaitsPassThroughTheScheduler(t *testing.T) {
-	const span = 3 * reschedEvery // below busyPollFor: the whole wait spins
+	const span = 3 * reschedEvery // below busyPollFor: every wait spins
 	require.Less(t, span, busyPollFor)
 	for _, tc := range []struct {
 		name    string
 		polling pollMode
-		// collective lasts this long; the loop runs collectives until span has gone by.
-		collective time.Duration
-		wantAny    bool
+		// Each collective lasts this long, and the rank computes for between them, until span has gone by.
+		collective, between time.Duration
+		wantAny             bool
 	}{
-		{"one long collective, spinning", pollSpinning, span, true},
-		{"one long collective, yielding the processor", pollYieldingThreads, span, true},
-		{"collectives done at their first poll", pollSpinning, 0, true},
-		{"yielding to goroutines", pollYieldingGoroutines, span, false},
+		{"one long collective, spinning", pollSpinning, span, 0, true},
+		{"one long collective, yielding the processor", pollYieldingThreads, span, 0, true},
+		{"short collectives back to back", pollSpinning, 100 * time.Microsecond, 0, true},
+		{"short collectives between compute", pollSpinning, 100 * time.Microsecond, 2 * time.Millisecond, false},
+		{"yielding to goroutines", pollYieldingGoroutines, span, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewCommunicator("slow", slowEngine{after: tc.collective})
@@ -81,6 +83,8 @@ func TestSpinningWaitsPassThroughTheScheduler(t *testing.T) {
 			start := time.Now()
 			for time.Since(start) < span {
 				require.NoError(t, c.AllReduceSum(make([]float32, 4)))
+				for computing := time.Now(); time.Since(computing) < tc.between; {
+				}
 			}
 			elapsed := time.Since(start)
 			if !tc.wantAny {
