@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -150,10 +149,9 @@ type Communicator struct {
 	left map[int]departure
 	// polling is what a wait does between two busy polls.
 	polling pollMode
-	// resched passes the polling goroutine through Go's scheduler (runtime.Gosched; tests count the calls);
-	// waited is the time spent in waits since it last did, in nanoseconds. See reschedEvery.
+	// resched passes the polling goroutine through Go's scheduler (yieldToOwnP; tests count the calls).
+	// See reschedEvery.
 	resched func()
-	waited  atomic.Int64
 }
 
 // departure is what a rank announced on its way out of the job.
@@ -173,7 +171,7 @@ func WithTimeout(d time.Duration) CommunicatorOption {
 
 // NewCommunicator wraps an engine. engineName is what Name reports.
 func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
-	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout, resched: runtime.Gosched}
+	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout, resched: yieldToOwnP}
 	if d, err := timeoutFromEnv(); err != nil {
 		// Never ignore the setting: every collective reports it (Open refuses to open at all).
 		c.configErr = err
@@ -329,52 +327,37 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 // or writing a checkpoint, and sleeping keeps that idle wait from burning a core.
 const busyPollFor = 20 * time.Millisecond
 
-// reschedEvery is how often a rank that spins on collectives passes through Go's scheduler. Go's sysmon
-// preempts a goroutine that ran 10 ms without passing through it, and one it finds inside a cgo call (where
-// an MPI poll spends most of its time) cannot be preempted: sysmon takes its P instead and wakes another
-// thread to run it. A goroutine that goes on spinning never starts a new time slice, so this repeats at
-// every cgo call sysmon catches, each time waking a thread that takes a core from a rank progressing the
-// same collective. Measured on 2 ranks of a 2-core machine (make bench, goaccel / MPI_Allreduce, medians of
-// several runs), without passing through the scheduler and with it: 64 KB 0.65–0.69 and 0.78–0.81, 256 KB
-// 0.58–0.71 and 0.87–0.88, 1 MB 0.79–0.89 and 0.81–0.92, 4 MB 0.92–0.93 and 0.85–0.88 (the one size it
-// costs), 16 MB 0.87–0.95 and 0.86–0.91; a 21.9 MB bucketed gradient sync went from 3.9 to 2.6 ms.
+// reschedEvery is how often a wait that spins passes through Go's scheduler, besides once when it begins.
 //
-// What counts is time spent waiting: every 5 ms of it keeps each 10 ms window covered while a rank does
-// nothing but collectives, and a rank that computes between them (a training step) passes through the
-// scheduler, or is preempted in Go code, in its compute; its short syncs add up to a pass every few hundred
-// steps instead of one per sync.
-const reschedEvery = 5 * time.Millisecond
+// Go's sysmon preempts a goroutine that ran 10 ms without passing through the scheduler, and one it finds
+// inside a cgo call (where an MPI poll spends most of its time) cannot be preempted: sysmon takes its P and
+// wakes another thread to run it. A goroutine that goes on spinning never starts a new time slice, so this
+// repeats at every cgo call sysmon catches, each time waking a thread that takes a core from a rank
+// progressing the same collective. It happens at once, without the 10 ms, when the goroutine comes back from
+// a long cgo call (a blocking MPI call, a BLAS kernel) on another P than it left, whose last slice is long
+// past. So every wait starts a slice when it begins, and a long one every millisecond: yieldToOwnP costs
+// about 55 ns and wakes no thread.
+//
+// Measured with make bench on 2 ranks of a 2-core machine, goaccel's all-reduce over MPI_Allreduce's
+// bandwidth, two interleaved runs each: without it 0.65–0.74 at 64 KB, 0.76–0.88 at 256 KB, 0.91–0.92 at
+// 1 MB, 0.92–0.95 at 4 MB, 0.85–0.94 at 16 MB; with it 0.86–0.88, 0.95–0.96, 0.95–0.97, 0.99 and 1.01–1.03.
+const reschedEvery = time.Millisecond
 
-// refreshSlice passes the polling goroutine through the scheduler once the waits since it last did, the
-// current one's inWait included, add up to reschedEvery (see reschedEvery). It stays locked to its thread
-// meanwhile: a plain Gosched woke another thread that took the goroutine over in 4 calls out of 5, leaving
-// its core idle and the goroutine on a core the peer rank used, which cost more bandwidth from 1 MB up
-// (0.73–0.84) than the preemptions did. Waits that yield to goroutines between polls pass through the
-// scheduler anyway.
-func (c *Communicator) refreshSlice(inWait time.Duration) {
-	if c.polling == pollYieldingGoroutines {
-		return
-	}
-	if c.waited.Load()+int64(inWait) < int64(reschedEvery) {
-		return
-	}
-	// The rest of the current wait counts towards the next pass (wait adds the whole wait when it ends).
-	c.waited.Store(-int64(inWait))
-	// Lock and unlock nest, so a caller's own lock survives.
-	runtime.LockOSThread()
-	c.resched()
-	runtime.UnlockOSThread()
-}
-
-// betweenPolls runs between two busy polls, as the poll mode says; inWait is how long the wait has polled.
-func (c *Communicator) betweenPolls(inWait time.Duration) {
+// betweenPolls runs between two busy polls, as the poll mode says; inWait is how long the wait has polled,
+// and *sliceAt when it last started a time slice (see reschedEvery).
+func (c *Communicator) betweenPolls(inWait time.Duration, sliceAt *time.Duration) {
 	switch c.polling {
 	case pollYieldingThreads:
 		yieldProcessor()
 	case pollYieldingGoroutines:
+		// Every poll passes through the scheduler already.
 		runtime.Gosched()
+		return
 	}
-	c.refreshSlice(inWait)
+	if inWait-*sliceAt >= reschedEvery {
+		*sliceAt = inWait
+		c.resched()
+	}
 }
 
 // pollMode is what a waiting rank does between two busy polls.
@@ -400,10 +383,12 @@ const (
 // short sleeps after busyPollFor.
 func (c *Communicator) wait(p *Pending) error {
 	begin := time.Now()
-	// Collectives that complete at their first poll never reach betweenPolls, and a loop of them would
-	// otherwise never pass through the scheduler either.
-	c.refreshSlice(0)
-	defer func() { c.waited.Add(int64(time.Since(begin))) }()
+	// A new time slice for the wait (see reschedEvery): collectives that complete at their first poll never
+	// reach betweenPolls, and a loop of them would otherwise never pass through the scheduler.
+	if c.polling != pollYieldingGoroutines {
+		c.resched()
+	}
+	var sliceAt time.Duration
 	deadline := p.started.Add(c.timeout)
 	var sleep time.Duration
 	for {
@@ -446,7 +431,7 @@ func (c *Communicator) wait(p *Pending) error {
 			return terr
 		}
 		if inWait := now.Sub(begin); inWait < busyPollFor {
-			c.betweenPolls(inWait)
+			c.betweenPolls(inWait, &sliceAt)
 			continue
 		}
 		sleep = min(max(sleep*2, 10*time.Microsecond), time.Millisecond)

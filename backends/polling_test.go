@@ -55,44 +55,44 @@ func (e slowEngine) StartBarrier() (Request, error)           { return e.request
 func (slowEngine) Abort(int)                                  {}
 func (slowEngine) Close() error                               { return nil }
 
-// TestSpinningWaitsPassThroughTheScheduler: a rank spinning on collectives passes through Go's scheduler
-// once per reschedEvery of waiting, never more often, whether one collective lasts long or many follow each
-// other; a rank that computes between short collectives, and the in-process engine's waits (which yield to
-// goroutines at every poll), add none.
+// TestSpinningWaitsPassThroughTheScheduler: every spinning wait starts a new time slice when it begins, and
+// a long one every reschedEvery while it polls, never more often; the in-process engine's waits, which yield
+// to goroutines at every poll, add none.
 func TestSpinningWaitsPassThroughTheScheduler(t *testing.T) {
-	const span = 3 * reschedEvery // below busyPollFor: every wait spins
+	const span = 15 * reschedEvery // below busyPollFor: every wait spins
 	require.Less(t, span, busyPollFor)
 	for _, tc := range []struct {
-		name    string
-		polling pollMode
-		// Each collective lasts this long, and the rank computes for between them, until span has gone by.
-		collective, between time.Duration
-		wantAny             bool
+		name       string
+		polling    pollMode
+		collective time.Duration // each lasts this long; the loop runs them until span has gone by
+		wantAny    bool
 	}{
-		{"one long collective, spinning", pollSpinning, span, 0, true},
-		{"one long collective, yielding the processor", pollYieldingThreads, span, 0, true},
-		{"short collectives back to back", pollSpinning, 100 * time.Microsecond, 0, true},
-		{"short collectives between compute", pollSpinning, 100 * time.Microsecond, 2 * time.Millisecond, false},
-		{"yielding to goroutines", pollYieldingGoroutines, span, 0, false},
+		{"one long collective, spinning", pollSpinning, span, true},
+		{"one long collective, yielding the processor", pollYieldingThreads, span, true},
+		{"short collectives", pollSpinning, reschedEvery / 10, true},
+		{"yielding to goroutines", pollYieldingGoroutines, span, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewCommunicator("slow", slowEngine{after: tc.collective})
 			c.polling = tc.polling
-			calls := 0
-			c.resched = func() { calls++ }
+			slices := 0
+			c.resched = func() { slices++ }
+			waits := 0
 			start := time.Now()
 			for time.Since(start) < span {
 				require.NoError(t, c.AllReduceSum(make([]float32, 4)))
-				for computing := time.Now(); time.Since(computing) < tc.between; {
-				}
+				waits++
 			}
 			elapsed := time.Since(start)
 			if !tc.wantAny {
-				assert.Zero(t, calls)
+				assert.Zero(t, slices)
 				return
 			}
-			assert.GreaterOrEqual(t, calls, 1, "a %s spin never passed through the scheduler", elapsed)
-			assert.LessOrEqual(t, calls, int(elapsed/reschedEvery)+1, "more than one pass per %s", reschedEvery)
+			assert.GreaterOrEqual(t, slices, waits, "a wait began without a new time slice")
+			if tc.collective >= span {
+				assert.Greater(t, slices, waits, "a %s wait never started another slice", elapsed)
+			}
+			assert.LessOrEqual(t, slices, waits+int(elapsed/reschedEvery), "more than one slice per %s", reschedEvery)
 		})
 	}
 }
