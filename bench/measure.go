@@ -16,6 +16,14 @@ type timing struct {
 	// so that a sample lasts about this long, the same number for every compared variant.
 	SampleTime         time.Duration
 	MinIters, MaxIters int // bounds on the operations per sample
+	// Settle is how long every rank runs Go code, untimed, before each sample. A long cgo call (the C loops
+	// of the plain-MPI references) lets Go's sysmon thread fall asleep, and the next call wakes it into
+	// checks every 20 µs that back off to every 10 ms only after about 12 ms of activity; each check
+	// interrupts a polling rank. A Go-driven loop sampled right after a C loop paid that ramp: 1 MB
+	// all-reduces on 2 ranks ran at 0.78–0.80 of MPI's bandwidth, even issued as one cgo call per
+	// all-reduce, and at 0.97–1.00 with the ramp behind them. Settling first times every variant with the
+	// runtime at rest, as it is in a training loop. 0: none.
+	Settle time.Duration
 }
 
 // variant is one of the things compared: run performs iters operations.
@@ -81,6 +89,7 @@ func (g group) measure(variants ...variant) ([]series, error) {
 	}
 	for round := range max(t.Samples, 1) {
 		for _, i := range rand.New(rand.NewPCG(uint64(round), 0x5eed)).Perm(len(variants)) {
+			settle(t.Settle)
 			if err := g.sync(); err != nil {
 				return nil, err
 			}
@@ -92,6 +101,12 @@ func (g group) measure(variants ...variant) ([]series, error) {
 		}
 	}
 	return out, g.slowestRank(out)
+}
+
+// settle runs Go code for d (see timing.Settle). It spins: sleeping would let sysmon fall asleep again.
+func settle(d time.Duration) {
+	for start := time.Now(); time.Since(start) < d; {
+	}
 }
 
 func (g group) sync() error {

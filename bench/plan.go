@@ -74,9 +74,10 @@ func bigMLP() trainConfig {
 // fullPlan is what `make bench` measures: about ten minutes on a two-core machine.
 func fullPlan() plan {
 	return plan{
-		Ranks:              []int{2, 4},
-		AllReduceSizes:     []int64{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
-		AllReduceTiming:    timing{Samples: 21, SampleTime: 40 * time.Millisecond, MinIters: 1, MaxIters: 2000},
+		Ranks:          []int{2, 4},
+		AllReduceSizes: []int64{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
+		AllReduceTiming: timing{Samples: 21, SampleTime: 40 * time.Millisecond, MinIters: 1, MaxIters: 2000,
+			Settle: 15 * time.Millisecond},
 		SyncModel:          deepMLP(),
 		BucketCaps:         []int64{1 << 20, 5 << 20, defaultBucketCapBytes, 100 << 20},
 		SyncTiming:         timing{Samples: 21, SampleTime: 50 * time.Millisecond, MinIters: 1, MaxIters: 100},

@@ -104,3 +104,20 @@ func TestMeasureReportsFailures(t *testing.T) {
 	assert.ErrorIs(t, err, boom)
 	assert.ErrorContains(t, err, "x")
 }
+
+// TestMeasureSettlesUntimed: with Settle, every sample is preceded by that long of Go code, which the samples
+// do not include.
+func TestMeasureSettlesUntimed(t *testing.T) {
+	const settleFor, samples = 3 * time.Millisecond, 4
+	quick := variant{"quick", func(int) error { return nil }}
+	start := time.Now()
+	out, err := group{timing: timing{Samples: samples, MinIters: 1, MaxIters: 1, Settle: settleFor}}.measure(quick, quick)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), 2*samples*settleFor, "a sample started without settling")
+	for _, s := range out {
+		require.Len(t, s.Seconds, samples)
+		for _, sec := range s.Seconds {
+			assert.Less(t, sec, settleFor.Seconds(), "the settling was timed")
+		}
+	}
+}
