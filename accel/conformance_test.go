@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
@@ -677,16 +678,11 @@ func TestConformance(t *testing.T) {
 // TestMPIConformance runs the conformance checks as real MPI jobs of 1, 2 and 4 processes.
 func TestMPIConformance(t *testing.T) {
 	if mpitest.IsRank() {
-		mpitest.Do(t, func() (any, error) {
-			keeper, err := keepMPI()
-			if err != nil {
-				return nil, err
-			}
-			defer keeper.Close()
+		mpitest.Do(t, keepingMPI(func(_ *backends.Communicator) (any, error) {
 			return conformance(func(opts ...accel.Option) (*accel.Accelerator, error) {
 				return accel.New(append([]accel.Option{accel.WithBackend("go")}, opts...)...)
 			})
-		})
+		}))
 		return
 	}
 	for _, np := range []int{1, 2, 4} {

@@ -305,12 +305,7 @@ func TestMPILoadStateRefusalChangesNothing(t *testing.T) {
 		Trained bool     `json:"trained"`
 	}
 	if mpitest.IsRank() {
-		mpitest.Do(t, func() (any, error) {
-			keeper, err := keepMPI()
-			if err != nil {
-				return nil, err
-			}
-			defer keeper.Close()
+		mpitest.Do(t, keepingMPI(func(_ *backends.Communicator) (any, error) {
 			opts := []accel.Option{accel.WithBackend("go"), accel.WithGradientAccumulationSteps(loadK),
 				accel.WithSeed(loadSeed)}
 			dir := os.Getenv("GOACCEL_TEST_CHECKPOINTS")
@@ -356,7 +351,7 @@ func TestMPILoadStateRefusalChangesNothing(t *testing.T) {
 				}
 			}
 			return outcomes, nil
-		})
+		}))
 		return
 	}
 	for _, np := range []int{2, 4} {

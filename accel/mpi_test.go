@@ -29,14 +29,22 @@ import (
 // internal/mpitest), each rank builds its Accelerator from mpirun's environment, and the parent checks
 // what the ranks report.
 
-// keepMPI opens a communicator that keeps MPI initialised while a rank creates and closes several
-// Accelerators in turn (MPI can be initialised only once per process).
-func keepMPI() (*backends.Communicator, error) {
-	topo, err := backends.DetectTopology()
-	if err != nil {
-		return nil, err
+// keepingMPI makes a rank's work for mpitest.Do: it opens a communicator, the keeper, that keeps MPI
+// initialised while rank creates and closes several Accelerators in turn (MPI can be initialised only once
+// per process), and closes it after rank returns.
+func keepingMPI(rank func(keeper *backends.Communicator) (any, error)) func() (any, error) {
+	return func() (any, error) {
+		topo, err := backends.DetectTopology()
+		if err != nil {
+			return nil, err
+		}
+		keeper, err := backends.Open("mpi", topo)
+		if err != nil {
+			return nil, err
+		}
+		defer keeper.Close()
+		return rank(keeper)
 	}
-	return backends.Open("mpi", topo)
 }
 
 type equivalenceReport struct {
@@ -70,12 +78,7 @@ var mpiCombos = []struct {
 	kind testmodel.OptimizerKind
 }{{1, testmodel.SGD}, {3, testmodel.SGD}, {1, testmodel.Adam}, {3, testmodel.Adam}}
 
-func mpiRank() (any, error) {
-	keeper, err := keepMPI()
-	if err != nil {
-		return nil, err
-	}
-	defer keeper.Close()
+func mpiRank(keeper *backends.Communicator) (any, error) {
 	var rep mpiReport
 	size := keeper.Size()
 
@@ -176,7 +179,7 @@ func allVariables(ctx *context.Context) []*context.Variable {
 // TestMPI runs the multi-process checks (equivalence, bitwise replicas, sync counters) under mpirun with 2 and 4 ranks.
 func TestMPI(t *testing.T) {
 	if mpitest.IsRank() {
-		mpitest.Do(t, mpiRank)
+		mpitest.Do(t, keepingMPI(mpiRank))
 		return
 	}
 	for _, np := range []int{2, 4} {
@@ -268,12 +271,7 @@ func TestMPIModelMismatch(t *testing.T) {
 func TestMPIResumeIsBitwiseExact(t *testing.T) {
 	const k, b, epochs, perEpoch, stopAfter = 3, 2, 2, 11, 16
 	if mpitest.IsRank() {
-		mpitest.Do(t, func() (any, error) {
-			keeper, err := keepMPI()
-			if err != nil {
-				return nil, err
-			}
-			defer keeper.Close()
+		mpitest.Do(t, keepingMPI(func(keeper *backends.Communicator) (any, error) {
 			dir := os.Getenv("GOACCEL_TEST_CHECKPOINTS")
 			n := keeper.Size() * b * perEpoch
 			newAcc := func() (*accel.Accelerator, resumable, error) {
@@ -309,7 +307,7 @@ func TestMPIResumeIsBitwiseExact(t *testing.T) {
 			}
 			d, err := replicas.VariablesDigest(r.model.ReplicatedVariables())
 			return hex.EncodeToString(d[:]), err
-		})
+		}))
 		return
 	}
 	dir := t.TempDir()

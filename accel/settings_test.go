@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
@@ -95,12 +96,7 @@ func others(size int) string {
 // which value, instead of training diverged replicas, overlapping shards or hanging.
 func TestMPISettingsMismatch(t *testing.T) {
 	if mpitest.IsRank() {
-		mpitest.Do(t, func() (any, error) {
-			keeper, err := keepMPI()
-			if err != nil {
-				return nil, err
-			}
-			defer keeper.Close()
+		mpitest.Do(t, keepingMPI(func(keeper *backends.Communicator) (any, error) {
 			errs := map[string]string{}
 			// Every rank must run the cases in the same order: their collectives match by order.
 			for _, name := range slices.Sorted(maps.Keys(settingsCases)) {
@@ -140,7 +136,7 @@ func TestMPISettingsMismatch(t *testing.T) {
 				}
 			}
 			return errs, nil
-		})
+		}))
 		return
 	}
 	for _, np := range []int{2, 4} {
