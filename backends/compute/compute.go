@@ -14,6 +14,7 @@ import (
 	"github.com/gomlx/gomlx/backends/xla"
 
 	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/convkernel"
 )
 
 // Config selects the GoMLX compute backend.
@@ -141,10 +142,19 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 		return nil, fmt.Errorf("compute: backend %q (%s) failed to start: %w%s", config, reason, err, hint)
 	}
 	if name == PureGo {
-		// The pure-Go backend's convolution and pooling are per-element loops; lowered to im2col + gemm and
-		// reshape + reduce they run ~9× faster and reach the gemm kernel. The graph keeps its ConvGeneral
-		// and ReduceWindow nodes, so gradients and results are unchanged.
-		backend = convgrad.LowerConvolutions(backend)
+		// The pure-Go backend's convolution and pooling are per-element loops, and it lacks the op of max
+		// pooling's gradient. Either convkernel's executors replace them (Extend adds the missing op; the
+		// executors are installed with the other kernels), or, for comparisons, the graph lowering builds
+		// them from slices and dots.
+		form, err := convolutionForm()
+		if err != nil {
+			return nil, err
+		}
+		if form == convgrad.AsSlices {
+			backend = convgrad.LowerConvolutions(backend)
+		} else {
+			backend = convkernel.Extend(backend)
+		}
 	}
 	return backend, nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/goaccel/goaccel/backends/compute/blas"
 	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/convkernel"
+	"github.com/goaccel/goaccel/backends/compute/elementwise"
 	"github.com/goaccel/goaccel/backends/compute/gemmgrad"
 )
 
@@ -28,7 +30,23 @@ const (
 	// on the pure-Go backend); by default the node's cores divided by the processes on it, so that ranks
 	// sharing a node do not oversubscribe its cores.
 	ThreadsEnvVar = "GOACCEL_BLAS_THREADS"
+	// ConvEnvVar: "kernel" (default) runs the pure-Go backend's convolutions and poolings on convkernel's
+	// executors (im2col + gemm, window walks, SelectAndScatter) and builds convolution gradients as
+	// convolutions; "graph" lowers them into slices and dots in the graph, as earlier versions did.
+	ConvEnvVar = "GOACCEL_CONV"
 )
+
+// convolutionForm reads ConvEnvVar.
+func convolutionForm() (convgrad.Form, error) {
+	switch c := os.Getenv(ConvEnvVar); c {
+	case "", "kernel":
+		return convgrad.AsConvolutions, nil
+	case "graph":
+		return convgrad.AsSlices, nil
+	default:
+		return 0, fmt.Errorf("compute: %s=%q: want kernel or graph", ConvEnvVar, c)
+	}
+}
 
 // Kernels says how this process computes: which gradients, which matrix multiplication, how many threads.
 type Kernels struct {
@@ -41,6 +59,8 @@ type Kernels struct {
 	// Ops says how the pure-Go backend schedules a graph's operations: "sequential" or "parallel" (its own
 	// default: independent operations on parallel goroutines when one graph executes alone).
 	Ops string
+	// Convolutions describes how the pure-Go backend convolves and pools (see ConvEnvVar).
+	Convolutions string
 }
 
 var (
@@ -68,28 +88,59 @@ func CurrentKernels() Kernels {
 	if blas.Installed() {
 		k.Matmul, k.Threads = blas.Path(), blas.Threads()
 	}
+	k.Convolutions = "simplego's own loops"
+	switch {
+	case convkernel.Installed():
+		k.Convolutions = "im2col + gemm executors"
+	case convgrad.CurrentForm() == convgrad.AsSlices:
+		k.Convolutions = "lowered to slices and dots in the graph"
+	}
 	opsMu.Lock()
 	k.Ops = opsSchedule
 	opsMu.Unlock()
 	return k
 }
 
-// setUpKernels applies goaccel's compute paths for a backend it just created. Gradient rules are graph-level
-// and help every backend (XLA fuses either form), so they are registered whatever the backend; the matmul
-// kernel replaces the pure-Go backend's own and only matters there.
-func setUpKernels(cfg Config, backendName string) error {
+// setUpKernels applies goaccel's compute paths for a backend it just created. They exist for the pure-Go
+// backend, so other backends keep GoMLX's own gradients (graph.VJPRegistration is process-wide: a process
+// that uses the pure-Go backend registers them for every graph it builds afterwards). A GoMLX whose
+// internals changed makes the patches panic or fail their checks: either is returned as an error.
+func setUpKernels(cfg Config, backendName string) (err error) {
+	if backendName != PureGo {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("compute: setting up the pure-Go backend's kernels: %v", r)
+		}
+	}()
+	form, err := convolutionForm()
+	if err != nil {
+		return err
+	}
 	switch g := os.Getenv(GradientsEnvVar); g {
 	case "", "gemm":
 		gemmgrad.Register()
 		convgrad.Register()
+		convgrad.SetForm(form)
+		elementwise.RegisterGradients()
 	case "gomlx":
 		gemmgrad.Unregister()
 		convgrad.Unregister()
+		elementwise.UnregisterGradients()
 	default:
 		return fmt.Errorf("compute: %s=%q: want gemm or gomlx", GradientsEnvVar, g)
 	}
-	if backendName != PureGo {
-		return nil
+	// Element-wise broadcasts and Sign give simplego's own results, only faster: always on.
+	if err := elementwise.Install(); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
+	if form == convgrad.AsConvolutions {
+		if err := convkernel.Install(); err != nil {
+			return fmt.Errorf("compute: %w", err)
+		}
+	} else {
+		convkernel.Uninstall()
 	}
 	switch m := os.Getenv(MatmulEnvVar); m {
 	case "", "blas":

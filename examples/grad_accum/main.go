@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -51,6 +52,8 @@ type config struct {
 	checkpoints string
 	resume      bool
 	quiet       bool
+	// cpuProfile receives a pprof CPU profile of the training loop (not of loading or evaluation).
+	cpuProfile string
 }
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
@@ -96,6 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.checkpoints, "checkpoints", "", "save a checkpoint in this directory after every epoch (empty = none)")
 	fs.BoolVar(&cfg.resume, "resume", false, "continue from the newest checkpoint under -checkpoints (with the same flags otherwise)")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress bar or progress lines")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the training loop to this file, for `go tool pprof` (empty = none)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: grad_accum [flags]\n\nTrains an MLP or a CNN on Fashion-MNIST with gradient "+
 			"accumulation; run it under mpirun (built with -tags mpi) to train on several processes.\n\n")
@@ -187,12 +191,19 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	if err := acc.WaitForEveryone(); err != nil {
 		return err
 	}
-	trainStart := time.Now()
-	res, err := train(acc, cfg, trainSet, newProgress(acc, cfg.quiet, stdout))
+	stopProfile, err := startCPUProfile(cfg.cpuProfile, acc.Rank(), acc.WorldSize())
 	if err != nil {
 		return err
 	}
+	trainStart := time.Now()
+	res, err := train(acc, cfg, trainSet, newProgress(acc, cfg.quiet, stdout))
 	trainTime := time.Since(trainStart)
+	if profileErr := stopProfile(); err == nil {
+		err = profileErr
+	}
+	if err != nil {
+		return err
+	}
 	// Everything after this point talks to the other ranks only for metrics, so the counters reported are
 	// the training's alone.
 	stats := acc.Stats()
@@ -237,4 +248,27 @@ func processes(n int) string {
 		return "1 process"
 	}
 	return fmt.Sprintf("%d processes", n)
+}
+
+// startCPUProfile starts a CPU profile written to path (nothing when path is empty); stop ends it and
+// closes the file. Each process profiles itself: under several processes the path gets ".rank-N".
+func startCPUProfile(path string, rank, worldSize int) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	if worldSize > 1 {
+		path = fmt.Sprintf("%s.rank-%d", path, rank)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }

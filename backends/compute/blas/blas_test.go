@@ -20,6 +20,8 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
 // pinnedGoMLXVersion is the GoMLX release whose simplego internals (executor table, Node.data,
@@ -116,7 +118,7 @@ func TestPinnedInternals(t *testing.T) {
 		"GoMLX version changed: re-check simplego's nodeExecutors table, Node.data and dotGeneralNodeData "+
 			"against linkname.go and params.go, then update the pin")
 
-	require.NoError(t, checkNodeLayout())
+	require.NoError(t, gomlxpatch.CheckSimplegoLayout())
 	require.NoError(t, Install(0))
 	t.Cleanup(Uninstall)
 	require.True(t, Installed())
@@ -158,7 +160,8 @@ func TestInstallUninstall(t *testing.T) {
 	Uninstall()
 	assert.False(t, Installed())
 	assert.Equal(t, "pure Go (simplego)", Path())
-	assert.Equal(t, priorityGenericForTest, simplegoExecutorPriorities[backends.OpTypeDotGeneral],
+	_, priority := gomlxpatch.CurrentExecutor(backends.OpTypeDotGeneral)
+	assert.Equal(t, priorityGenericForTest, priority,
 		"Uninstall must restore simplego's own priority")
 }
 
@@ -378,14 +381,6 @@ func TestTransposeInto(t *testing.T) {
 			require.Equal(t, src[srcFlat], dst[flat], "dims=%v permutation=%v flat=%d", dims, permutation, flat)
 		}
 	}
-}
-
-// TestParamsLayoutErrors checks that an unexpected node data type is reported, not read.
-func TestParamsLayoutErrors(t *testing.T) {
-	assert.Error(t, checkParamsType(nil))
-	assert.Error(t, checkParamsType(reflect.TypeOf(&dotGeneralParams{})),
-		"a struct from another package must not be accepted as simplego's")
-	assert.Error(t, checkParamsType(reflect.TypeOf(3)))
 }
 
 // TestConcurrentExecutions runs products from several goroutines at once, as simplego does when it executes

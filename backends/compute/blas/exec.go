@@ -8,6 +8,8 @@ import (
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
 // Counts says how many DotGenerals each path computed since the process started; tests use it to check the
@@ -34,7 +36,7 @@ func Calls() Counts {
 var copyToGemmOrder = true
 
 // originalExecutor is the DotGeneral executor found in simplego's table at Install: the fallback.
-var originalExecutor executor
+var originalExecutor gomlxpatch.Executor
 
 // execDotGeneral is the executor Install puts in simplego's table for DotGeneral. Like simplego's, it returns
 // the normalized [batch, lhsCross, rhsCross] product; simplego's graph reshapes it afterwards.

@@ -9,15 +9,15 @@ import (
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
 var (
-	// installMu serializes Install and Uninstall, which rewrite simplego's executor table.
+	// installMu serializes Install and Uninstall.
 	installMu sync.Mutex
-	// installed is true while simplego's table holds execDotGeneral.
-	installed bool
-	// originalPriority is the table priority of originalExecutor, restored by Uninstall.
-	originalPriority int
+	// dotGeneralPatch puts execDotGeneral in simplego's executor table.
+	dotGeneralPatch = gomlxpatch.ExecutorPatch{OpType: backends.OpTypeDotGeneral, Executor: execDotGeneral}
 	// selfTested is set once selfTest passed: what it checks cannot change within a process.
 	selfTested bool
 )
@@ -39,25 +39,22 @@ func Install(threads int) error {
 	if threads > 0 {
 		setKernelThreads(threads)
 	}
-	if installed {
+	if dotGeneralPatch.Installed() {
 		return nil
 	}
-	if err := checkNodeLayout(); err != nil {
-		return err
+	replaced, err := dotGeneralPatch.Install()
+	if err != nil {
+		return fmt.Errorf("blas: %w", err)
 	}
-	current := simplegoExecutors[backends.OpTypeDotGeneral]
-	priority := simplegoExecutorPriorities[backends.OpTypeDotGeneral]
-	if current == nil || priority < 0 || priority > priorityUser {
-		return fmt.Errorf("blas: simplego's executor table has no DotGeneral executor or an unexpected "+
-			"priority (%d) (GoMLX internals changed; written against GoMLX v0.26.0)", priority)
+	if replaced == nil {
+		dotGeneralPatch.Uninstall()
+		return errors.New("blas: simplego's executor table has no DotGeneral executor (GoMLX internals " +
+			"changed; written against GoMLX v0.26.0)")
 	}
-	originalExecutor, originalPriority = current, priority
-	simplegoExecutors[backends.OpTypeDotGeneral] = execDotGeneral
-	simplegoExecutorPriorities[backends.OpTypeDotGeneral] = priorityUser
-	installed = true
+	originalExecutor = replaced
 	if !selfTested {
 		if err := selfTest(); err != nil {
-			uninstallLocked()
+			dotGeneralPatch.Uninstall()
 			return err
 		}
 		selfTested = true
@@ -70,24 +67,11 @@ func Install(threads int) error {
 func Uninstall() {
 	installMu.Lock()
 	defer installMu.Unlock()
-	uninstallLocked()
-}
-
-func uninstallLocked() {
-	if !installed {
-		return
-	}
-	simplegoExecutors[backends.OpTypeDotGeneral] = originalExecutor
-	simplegoExecutorPriorities[backends.OpTypeDotGeneral] = originalPriority
-	installed = false
+	dotGeneralPatch.Uninstall()
 }
 
 // Installed reports whether simplego currently routes DotGeneral to this package's kernel.
-func Installed() bool {
-	installMu.Lock()
-	defer installMu.Unlock()
-	return installed
-}
+func Installed() bool { return dotGeneralPatch.Installed() }
 
 // Path describes, for logs and benchmark reports, which kernel simplego's DotGeneral runs on now, e.g.
 // "OpenBLAS 0.3.21 Haswell (cblas_sgemm/dgemm), 2 threads", "pure Go (gonum)" or "pure Go (simplego)".
@@ -155,8 +139,8 @@ func selfTest() error {
 		return fmt.Errorf("blas: self-test: %w", err)
 	}
 	after := Calls()
-	if layoutErr := paramsLayoutErr.Load(); layoutErr != nil {
-		return *layoutErr
+	if layoutErr := dotGeneralMirror.Err(); layoutErr != nil {
+		return fmt.Errorf("blas: %w", layoutErr)
 	}
 	if after.Direct+after.Copied == before.Direct+before.Copied {
 		return errors.New("blas: self-test: the DotGeneral did not reach the gemm kernel after patching " +

@@ -49,6 +49,10 @@ func convGeneralGradients(node, v *graph.Node) ([]*graph.Node, bool) {
 	if err != nil {
 		panic(incompatible(node, err))
 	}
+	if CurrentForm() == AsConvolutions {
+		inputGradient, kernelGradient := conv.gradientsAsConvolutions(x, kernel, v, params.axes)
+		return []*graph.Node{inputGradient, kernelGradient}, true
+	}
 	return []*graph.Node{conv.inputGradient(kernel, v), conv.kernelGradient(x, v)}, true
 }
 

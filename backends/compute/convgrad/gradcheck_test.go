@@ -13,6 +13,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/tensors/images"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/backends/compute/convkernel"
 	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
@@ -165,9 +166,33 @@ var convCases = []convCase{
 }
 
 // TestConvGradientsMatchFiniteDifferences checks the registered convolution gradients on the pure-Go
-// backend against central differences, in float64.
+// backend against central differences, in float64, in both forms: as convolutions on simplego's own
+// ConvGeneral and on convkernel's executor, and as slices and dots.
 func TestConvGradientsMatchFiniteDifferences(t *testing.T) {
-	checkConvGradients(t, computetest.PureGo(t), 1)
+	t.Run("as-convolutions/simplego", func(t *testing.T) {
+		withForm(t, AsConvolutions)
+		convkernel.Uninstall()
+		checkConvGradients(t, computetest.PureGo(t), 1)
+	})
+	t.Run("as-convolutions/convkernel", func(t *testing.T) {
+		withForm(t, AsConvolutions)
+		require.NoError(t, convkernel.Install())
+		t.Cleanup(convkernel.Uninstall)
+		before := convkernel.Calls().Convolutions
+		checkConvGradients(t, convkernel.Extend(computetest.PureGo(t)), 3)
+		require.Greater(t, convkernel.Calls().Convolutions, before, "no convolution ran on the kernel")
+	})
+	t.Run("as-slices", func(t *testing.T) {
+		withForm(t, AsSlices)
+		checkConvGradients(t, computetest.PureGo(t), 1)
+	})
+}
+
+// withForm sets the gradient form for one test and restores the previous one after it.
+func withForm(t *testing.T, form Form) {
+	previous := CurrentForm()
+	SetForm(form)
+	t.Cleanup(func() { SetForm(previous) })
 }
 
 // checkConvGradients compares every convCase's registered gradients on backend with central differences;

@@ -28,7 +28,16 @@ func reduceWindowGradients(node, v *graph.Node) ([]*graph.Node, bool) {
 		panic(incompatible(node, err))
 	}
 	switch params.reduction {
-	case backends.ReduceOpMax, backends.ReduceOpMin, backends.ReduceOpSum:
+	case backends.ReduceOpMax, backends.ReduceOpMin:
+		// GoMLX's own gradient is a SelectAndScatter: one pass that picks each window's extremum and adds the
+		// output gradient there. Where the backend runs it (XLA; the pure-Go backend extended by
+		// convkernel), it beats the comparisons built below.
+		// GoMLX's rule needs explicit strides (graph.MaxPool and MinPool pass them).
+		if capabilities := node.Graph().Backend().Capabilities(); capabilities.Operations[backends.OpTypeSelectAndScatterMax] &&
+			capabilities.Operations[backends.OpTypeSelectAndScatterMin] && len(params.strides) == inputs[0].Rank() {
+			return nil, false
+		}
+	case backends.ReduceOpSum:
 	default:
 		return nil, false
 	}

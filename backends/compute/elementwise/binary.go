@@ -1,0 +1,174 @@
+package elementwise
+
+import (
+	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
+)
+
+// broadcastPlan is a binary operation whose small operand spans a contiguous run of the large one's axes
+// (size 1 elsewhere): with the large operand's elements indexed as (p, m, q) over the axes before, within
+// and after that run, output[p, m, q] = large[p, m, q] ⊕ small[m]. A channels-last bias has q = 1 (the small
+// operand repeats whole), a per-example scale p = 1, a channels-first bias all three.
+type broadcastPlan struct {
+	before, within, after int
+	smallIsLHS            bool // the small operand is the left one (order matters for Sub and Div)
+}
+
+// planBroadcast recognises that pattern; ok is false for anything else (same shapes, scalars, broadcasts on
+// both sides or with holes), which simplego handles.
+func planBroadcast(lhs, rhs shapes.Shape) (plan broadcastPlan, ok bool) {
+	if lhs.Rank() != rhs.Rank() || lhs.Rank() == 0 || lhs.Equal(rhs) || lhs.Size() == 1 || rhs.Size() == 1 {
+		return plan, false
+	}
+	large, small := lhs, rhs
+	if lhs.Size() < rhs.Size() {
+		large, small = rhs, lhs
+		plan.smallIsLHS = true
+	}
+	first, last := -1, -1 // The small operand's first and last axes of size > 1.
+	for axis, dim := range small.Dimensions {
+		switch dim {
+		case large.Dimensions[axis]:
+			if dim > 1 {
+				if first < 0 {
+					first = axis
+				}
+				last = axis
+			}
+		case 1:
+		default:
+			return plan, false
+		}
+	}
+	for axis := first; axis <= last; axis++ {
+		if small.Dimensions[axis] != large.Dimensions[axis] {
+			return plan, false // A hole: the small operand does not span a contiguous run.
+		}
+	}
+	plan.before = product(large.Dimensions[:first])
+	plan.within = product(large.Dimensions[first : last+1])
+	plan.after = product(large.Dimensions[last+1:])
+	return plan, true
+}
+
+func product(dims []int) int {
+	p := 1
+	for _, d := range dims {
+		p *= d
+	}
+	return p
+}
+
+// binaryExecutor returns the executor of one binary operation.
+func binaryExecutor(opType backends.OpType) gomlxpatch.Executor {
+	return func(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
+		inputsOwned []bool) (*simplego.Buffer, error) {
+		if output, ok := runBroadcast(opType, backend, inputs); ok {
+			broadcastCalls.Add(1)
+			return output, nil
+		}
+		return fallbacks[opType](backend, node, inputs, inputsOwned)
+	}
+}
+
+func runBroadcast(opType backends.OpType, backend *simplego.Backend, inputs []*simplego.Buffer) (*simplego.Buffer, bool) {
+	if len(inputs) != 2 {
+		return nil, false
+	}
+	lhsShape, err1 := backend.BufferShape(inputs[0])
+	rhsShape, err2 := backend.BufferShape(inputs[1])
+	if err1 != nil || err2 != nil || lhsShape.DType != rhsShape.DType ||
+		(lhsShape.DType != dtypes.Float32 && lhsShape.DType != dtypes.Float64) {
+		return nil, false
+	}
+	plan, ok := planBroadcast(lhsShape, rhsShape)
+	if !ok {
+		return nil, false
+	}
+	largeShape := lhsShape
+	if plan.smallIsLHS {
+		largeShape = rhsShape
+	}
+	output := backend.NewBuffer(largeShape)
+	if output == nil {
+		return nil, false
+	}
+	lhs, err1 := backend.BufferData(inputs[0])
+	rhs, err2 := backend.BufferData(inputs[1])
+	out, err3 := backend.BufferData(output)
+	if err1 != nil || err2 != nil || err3 != nil {
+		_ = backend.BufferFinalize(output)
+		return nil, false
+	}
+	switch largeShape.DType {
+	case dtypes.Float32:
+		broadcastOp(opType, plan, lhs.([]float32), rhs.([]float32), out.([]float32))
+	case dtypes.Float64:
+		broadcastOp(opType, plan, lhs.([]float64), rhs.([]float64), out.([]float64))
+	}
+	return output, true
+}
+
+// broadcastOp dispatches once per call to a loop specialised for the operation, so the inner loops hold
+// no indirect call.
+func broadcastOp[T float32 | float64](opType backends.OpType, plan broadcastPlan, lhs, rhs, out []T) {
+	switch opType {
+	case backends.OpTypeAdd:
+		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a + b })
+	case backends.OpTypeSub:
+		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a - b })
+	case backends.OpTypeMul:
+		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a * b })
+	case backends.OpTypeDiv:
+		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a / b })
+	case backends.OpTypeMax:
+		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return max(a, b) })
+	case backends.OpTypeMin:
+		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return min(a, b) })
+	}
+}
+
+// broadcastLoop applies op block by block; op is a small func literal the compiler inlines into each
+// instantiation's loops.
+func broadcastLoop[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T, op func(a, b T) T) {
+	large, small := lhs, rhs
+	if plan.smallIsLHS {
+		large, small = rhs, lhs
+	}
+	within, after := plan.within, plan.after
+	if after == 1 { // The small operand repeats whole: pair element with element.
+		small = small[:within]
+		for p := range plan.before {
+			block, from := out[p*within:(p+1)*within], large[p*within:(p+1)*within]
+			if plan.smallIsLHS {
+				for i := range block {
+					block[i] = op(small[i], from[i])
+				}
+			} else {
+				for i := range block {
+					block[i] = op(from[i], small[i])
+				}
+			}
+		}
+		return
+	}
+	for p := range plan.before {
+		for m, s := range small[:within] {
+			at := (p*within + m) * after
+			block, from := out[at:at+after], large[at:at+after]
+			if plan.smallIsLHS {
+				for i := range block {
+					block[i] = op(s, from[i])
+				}
+			} else {
+				for i := range block {
+					block[i] = op(from[i], s)
+				}
+			}
+		}
+	}
+}

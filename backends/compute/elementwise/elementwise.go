@@ -1,0 +1,86 @@
+// Package elementwise speeds up element-wise operations of GoMLX's pure-Go backend (simplego) where its own
+// executors are slow in ways every model pays for:
+//
+//   - Binary operations (Add, Sub, Mul, Div, Max, Min) whose operands broadcast a non-scalar tensor, such as
+//     a bias [1, 1, 1, C] added to activations [N, H, W, C], or a per-example scale [N, 1] applied to
+//     [N, D]: simplego walks those with a per-element index iterator. Here the broadcast operand repeats
+//     as a block (a trailing pattern) or each of its elements spans a block (a leading one), in plain
+//     loops. Same shapes and scalars stay with simplego, which already loops over them directly.
+//   - Sign, which GoMLX uses for the gradients of Max, Min, Abs and ReLU: simplego's branches on every
+//     element's sign mispredict on real data; here it is computed without branches.
+//
+// Install patches simplego's executor table (through the same internals as the blas and convkernel
+// packages); what it does not handle falls back to simplego's own executors, with identical results.
+package elementwise
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gomlx/gomlx/backends"
+
+	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
+)
+
+// binaryOps are the operations whose broadcasts Install speeds up.
+var binaryOps = []backends.OpType{backends.OpTypeAdd, backends.OpTypeSub, backends.OpTypeMul,
+	backends.OpTypeDiv, backends.OpTypeMax, backends.OpTypeMin}
+
+var (
+	installMu sync.Mutex
+	patches   []*gomlxpatch.ExecutorPatch
+	// fallbacks holds simplego's own executor per op type, found at Install.
+	fallbacks [backends.OpTypeLast]gomlxpatch.Executor
+
+	broadcastCalls, signCalls atomic.Uint64
+)
+
+func init() {
+	for _, opType := range binaryOps {
+		patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: opType, Executor: binaryExecutor(opType)})
+	}
+	patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: backends.OpTypeSign, Executor: execSign})
+}
+
+// Counts says how many operations this package computed since the process started.
+type Counts struct {
+	Broadcasts uint64 // binary operations with a non-scalar broadcast
+	Signs      uint64
+}
+
+// Calls returns the operations computed so far.
+func Calls() Counts { return Counts{Broadcasts: broadcastCalls.Load(), Signs: signCalls.Load()} }
+
+// Install puts this package's executors in simplego's table, for every simplego backend of the process. It
+// is idempotent, and must not run concurrently with executions.
+func Install() error {
+	installMu.Lock()
+	defer installMu.Unlock()
+	for _, patch := range patches {
+		replaced, err := patch.Install()
+		if err == nil && replaced == nil {
+			err = fmt.Errorf("simplego has no %s executor to fall back on", patch.OpType)
+		}
+		if err != nil {
+			for _, p := range patches {
+				p.Uninstall()
+			}
+			return fmt.Errorf("elementwise: %w", err)
+		}
+		fallbacks[patch.OpType] = replaced
+	}
+	return nil
+}
+
+// Uninstall restores simplego's own executors.
+func Uninstall() {
+	installMu.Lock()
+	defer installMu.Unlock()
+	for _, patch := range patches {
+		patch.Uninstall()
+	}
+}
+
+// Installed reports whether the executors are in simplego's table.
+func Installed() bool { return patches[0].Installed() }

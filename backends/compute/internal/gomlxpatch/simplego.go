@@ -1,0 +1,224 @@
+package gomlxpatch
+
+import (
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"unsafe" // Required by //go:linkname, and to read and write simplego.Node's data field.
+
+	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+)
+
+// The pure-Go backend (simplego, GoMLX v0.26.0) runs every node through an executor looked up by op type in
+// an unexported table, and keeps an op's static parameters in the unexported field Node.data. goaccel's
+// kernels replace table entries (DotGeneral, ConvGeneral, ReduceWindow) and add entries for ops simplego
+// leaves unimplemented (SelectAndScatterMax/Min): what follows is the one place that reaches those
+// internals. A GoMLX whose simplego exposed executor registration and node creation would retire it.
+
+// Executor has the signature of simplego's unexported nodeExecutor type, the element type of its executor
+// table. A named func type with the same signature has the same memory representation, which is what the
+// linkname pull below relies on; CheckSimplegoLayout guards the rest.
+type Executor func(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
+	inputsOwned []bool) (*simplego.Buffer, error)
+
+// simplegoExecutors is simplego's nodeExecutors table: the executor simplego calls for each op type, read
+// at every node execution. There is no exported hook to replace an entry, hence the linkname.
+//
+//go:linkname simplegoExecutors github.com/gomlx/gomlx/backends/simplego.nodeExecutors
+var simplegoExecutors [backends.OpTypeLast]Executor
+
+// simplegoExecutorPriorities is simplego's nodeExecutorsPriority table (its registerPriority has int as
+// underlying type). A patch raises its entry to priorityUser, as simplego's own setNodeExecutor would, so
+// that a later registration at a lower priority does not undo it.
+//
+//go:linkname simplegoExecutorPriorities github.com/gomlx/gomlx/backends/simplego.nodeExecutorsPriority
+var simplegoExecutorPriorities [backends.OpTypeLast]int
+
+// simplegoNewNode is simplego's (*Builder).newNode: it appends a node of the given op type and output shape
+// to the builder's graph. Ops simplego leaves unimplemented get their nodes this way.
+//
+//go:linkname simplegoNewNode github.com/gomlx/gomlx/backends/simplego.(*Builder).newNode
+func simplegoNewNode(b *simplego.Builder, opType backends.OpType, shape shapes.Shape, inputs ...*simplego.Node) *simplego.Node
+
+// PriorityUser mirrors simplego's priorityUser, the level reserved for user overrides.
+const PriorityUser = 100
+
+var (
+	// executorsMu serialises patches of simplego's executor table (each patch must still not run
+	// concurrently with executions: simplego reads the table without synchronisation).
+	executorsMu sync.Mutex
+	// nodeDataOffset is the offset of simplego.Node's `data any` field, set by CheckSimplegoLayout.
+	nodeDataOffset uintptr
+	layoutOnce     sync.Once
+	layoutErr      error
+)
+
+// CheckSimplegoLayout verifies that simplego.Node still has the `data any` field this package reads and
+// writes, and remembers where it is. Every accessor below calls it first.
+func CheckSimplegoLayout() error {
+	layoutOnce.Do(func() {
+		field, found := reflect.TypeFor[simplego.Node]().FieldByName("data")
+		switch {
+		case !found:
+			layoutErr = fmt.Errorf("simplego.Node has no field \"data\" (GoMLX internals changed; written against GoMLX v0.26.0)")
+		case field.Type != reflect.TypeFor[any]():
+			layoutErr = fmt.Errorf("simplego.Node.data has type %s, expected any (GoMLX internals changed; "+
+				"written against GoMLX v0.26.0)", field.Type)
+		default:
+			nodeDataOffset = field.Offset
+		}
+	})
+	return layoutErr
+}
+
+// ExecutorPatch replaces (or adds) simplego's executor for one op type and restores what was there.
+type ExecutorPatch struct {
+	OpType   backends.OpType
+	Executor Executor
+
+	// replaced and replacedPriority are the entry found at Install, restored by Uninstall.
+	replaced         Executor
+	replacedPriority int
+	installed        bool
+}
+
+// Install puts the executor in simplego's table and returns the one it replaced (nil for an op simplego
+// does not implement). It is idempotent. It fails, leaving the table alone, when the entry's priority is
+// outside what simplego uses (the table's layout changed).
+func (p *ExecutorPatch) Install() (replaced Executor, err error) {
+	executorsMu.Lock()
+	defer executorsMu.Unlock()
+	if p.installed {
+		return p.replaced, nil
+	}
+	if err := CheckSimplegoLayout(); err != nil {
+		return nil, err
+	}
+	priority := simplegoExecutorPriorities[p.OpType]
+	if priority < 0 || priority > PriorityUser {
+		return nil, fmt.Errorf("simplego's executor table has an unexpected priority (%d) for %s (GoMLX "+
+			"internals changed; written against GoMLX v0.26.0)", priority, p.OpType)
+	}
+	p.replaced, p.replacedPriority = simplegoExecutors[p.OpType], priority
+	simplegoExecutors[p.OpType] = p.Executor
+	simplegoExecutorPriorities[p.OpType] = PriorityUser
+	p.installed = true
+	return p.replaced, nil
+}
+
+// Uninstall restores the entry Install replaced. It is a no-op when not installed.
+func (p *ExecutorPatch) Uninstall() {
+	executorsMu.Lock()
+	defer executorsMu.Unlock()
+	if !p.installed {
+		return
+	}
+	simplegoExecutors[p.OpType] = p.replaced
+	simplegoExecutorPriorities[p.OpType] = p.replacedPriority
+	p.installed = false
+}
+
+// Installed reports whether the patch is in simplego's table.
+func (p *ExecutorPatch) Installed() bool {
+	executorsMu.Lock()
+	defer executorsMu.Unlock()
+	return p.installed
+}
+
+// CurrentExecutor returns simplego's executor for opType now, and its priority (for tests).
+func CurrentExecutor(opType backends.OpType) (Executor, int) {
+	executorsMu.Lock()
+	defer executorsMu.Unlock()
+	return simplegoExecutors[opType], simplegoExecutorPriorities[opType]
+}
+
+// NodeData returns simplego.Node's data field: the op's parameters, as simplego's builder (or NewNode)
+// stored them.
+func NodeData(node *simplego.Node) any {
+	if CheckSimplegoLayout() != nil {
+		return nil
+	}
+	return *(*any)(unsafe.Add(unsafe.Pointer(node), nodeDataOffset))
+}
+
+// NewNode adds a node of opType with the given output shape and inputs to builder, holding data as its
+// parameters, for an executor installed with ExecutorPatch to read back with NodeData. The inputs must be
+// ops of the same builder.
+func NewNode(builder backends.Builder, opType backends.OpType, shape shapes.Shape, data any,
+	inputs ...backends.Op) (backends.Op, error) {
+	if err := CheckSimplegoLayout(); err != nil {
+		return nil, err
+	}
+	b, ok := builder.(*simplego.Builder)
+	if !ok {
+		return nil, fmt.Errorf("%s: builder is a %T, not the pure-Go backend's", opType, builder)
+	}
+	nodes := make([]*simplego.Node, len(inputs))
+	for i, input := range inputs {
+		if nodes[i], ok = input.(*simplego.Node); !ok || nodes[i] == nil {
+			return nil, fmt.Errorf("%s: input #%d is a %T, not an op of the pure-Go backend", opType, i, input)
+		}
+	}
+	node := simplegoNewNode(b, opType, shape, nodes...)
+	*(*any)(unsafe.Add(unsafe.Pointer(node), nodeDataOffset)) = data
+	return node, nil
+}
+
+// DataMirror reads a simplego node's parameters through T, a Go struct that mirrors the leading fields of
+// simplego's unexported parameter struct TypeName (stored by pointer in Node.data). The first read of each
+// dynamic type checks names, types and offsets of T's fields against the real struct; a mismatch makes Of
+// return nil (callers fall back to simplego's own executor) and is kept in Err.
+type DataMirror[T any] struct {
+	TypeName string
+
+	checked atomic.Value // reflect.Type accepted last
+	err     atomic.Pointer[error]
+}
+
+// Of returns node's parameters as *T, or nil when Node.data is not the mirrored struct.
+func (m *DataMirror[T]) Of(node *simplego.Node) *T {
+	data := NodeData(node)
+	dataType := reflect.TypeOf(data)
+	if checked, _ := m.checked.Load().(reflect.Type); checked != dataType {
+		if err := m.check(dataType); err != nil {
+			m.err.CompareAndSwap(nil, &err)
+			return nil
+		}
+		m.checked.Store(dataType)
+	}
+	return (*T)(reflect.ValueOf(data).UnsafePointer())
+}
+
+// Err returns the first mismatch Of found, or nil.
+func (m *DataMirror[T]) Err() error {
+	if err := m.err.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+func (m *DataMirror[T]) check(dataType reflect.Type) error {
+	if dataType == nil || dataType.Kind() != reflect.Pointer || dataType.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("node data is %v, expected a pointer to simplego's %s (GoMLX internals changed; "+
+			"written against GoMLX v0.26.0)", dataType, m.TypeName)
+	}
+	structType := dataType.Elem()
+	simplegoPath := reflect.TypeFor[simplego.Node]().PkgPath()
+	if structType.PkgPath() != simplegoPath || structType.Name() != m.TypeName {
+		return fmt.Errorf("node data is %s.%s, expected %s.%s (GoMLX internals changed; written against GoMLX "+
+			"v0.26.0)", structType.PkgPath(), structType.Name(), simplegoPath, m.TypeName)
+	}
+	mirror := reflect.TypeFor[T]()
+	for i := range mirror.NumField() {
+		want := mirror.Field(i)
+		got, found := structType.FieldByName(want.Name)
+		if !found || got.Type != want.Type || got.Offset != want.Offset {
+			return fmt.Errorf("simplego's %s.%s is not a %s at offset %d (GoMLX internals changed; written "+
+				"against GoMLX v0.26.0)", m.TypeName, want.Name, want.Type, want.Offset)
+		}
+	}
+	return nil
+}
