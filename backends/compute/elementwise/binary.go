@@ -118,7 +118,7 @@ func runBroadcast(opType backends.OpType, backend *simplego.Backend, inputs []*s
 func broadcastOp[T float32 | float64](opType backends.OpType, plan broadcastPlan, lhs, rhs, out []T) {
 	switch opType {
 	case backends.OpTypeAdd:
-		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a + b })
+		broadcastAdd(plan, lhs, rhs, out)
 	case backends.OpTypeSub:
 		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a - b })
 	case backends.OpTypeMul:
@@ -168,6 +168,35 @@ func broadcastLoop[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T, o
 				for i := range block {
 					block[i] = op(from[i], s)
 				}
+			}
+		}
+	}
+}
+
+// broadcastAdd is broadcastLoop for Add (commutative, so the operands' order does not matter), written out:
+// biases make it the most frequent broadcast.
+func broadcastAdd[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T) {
+	large, small := lhs, rhs
+	if plan.smallIsLHS {
+		large, small = rhs, lhs
+	}
+	within, after := plan.within, plan.after
+	if after == 1 {
+		small = small[:within]
+		for p := range plan.before {
+			block, from := out[p*within:(p+1)*within], large[p*within:(p+1)*within]
+			for i := range block {
+				block[i] = from[i] + small[i]
+			}
+		}
+		return
+	}
+	for p := range plan.before {
+		for m, s := range small[:within] {
+			at := (p*within + m) * after
+			block, from := out[at:at+after], large[at:at+after]
+			for i := range block {
+				block[i] = from[i] + s
 			}
 		}
 	}

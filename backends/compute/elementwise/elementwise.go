@@ -6,6 +6,8 @@
 //     [N, D]: simplego walks those with a per-element index iterator. Here the broadcast operand repeats
 //     as a block (a trailing pattern) or each of its elements spans a block (a leading one), in plain
 //     loops. Same shapes and scalars stay with simplego, which already loops over them directly.
+//   - Reductions (ReduceSum, ReduceMax, ReduceMin) over contiguous axes, and conversions from booleans,
+//     which simplego routes through per-element iterators and dispatch.
 //   - Sign, which GoMLX uses for the gradients of Max, Min, Abs and ReLU: simplego's branches on every
 //     element's sign mispredict on real data; here it is computed without branches.
 //
@@ -33,24 +35,38 @@ var (
 	// fallbacks holds simplego's own executor per op type, found at Install.
 	fallbacks [backends.OpTypeLast]gomlxpatch.Executor
 
-	broadcastCalls, signCalls atomic.Uint64
+	broadcastCalls, signCalls atomicCounter
 )
+
+// atomicCounter counts calls of one path.
+type atomicCounter = atomic.Uint64
+
+const opTypeConvertDType = backends.OpTypeConvertDType
 
 func init() {
 	for _, opType := range binaryOps {
 		patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: opType, Executor: binaryExecutor(opType)})
 	}
-	patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: backends.OpTypeSign, Executor: execSign})
+	for _, opType := range reduceOps {
+		patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: opType, Executor: reduceExecutor(opType)})
+	}
+	patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: backends.OpTypeSign, Executor: execSign},
+		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeConvertDType, Executor: execConvertDType})
 }
 
 // Counts says how many operations this package computed since the process started.
 type Counts struct {
-	Broadcasts uint64 // binary operations with a non-scalar broadcast
-	Signs      uint64
+	Broadcasts  uint64 // binary operations with a non-scalar broadcast
+	Signs       uint64
+	Reductions  uint64 // ReduceSum, ReduceMax and ReduceMin over contiguous axes
+	Conversions uint64 // ConvertDType from booleans
 }
 
 // Calls returns the operations computed so far.
-func Calls() Counts { return Counts{Broadcasts: broadcastCalls.Load(), Signs: signCalls.Load()} }
+func Calls() Counts {
+	return Counts{Broadcasts: broadcastCalls.Load(), Signs: signCalls.Load(), Reductions: reduceCalls.Load(),
+		Conversions: convertCalls.Load()}
+}
 
 // Install puts this package's executors in simplego's table, for every simplego backend of the process. It
 // is idempotent, and must not run concurrently with executions.

@@ -50,10 +50,11 @@ var (
 	// executorsMu serialises patches of simplego's executor table (each patch must still not run
 	// concurrently with executions: simplego reads the table without synchronisation).
 	executorsMu sync.Mutex
-	// nodeDataOffset is the offset of simplego.Node's `data any` field, set by CheckSimplegoLayout.
-	nodeDataOffset uintptr
-	layoutOnce     sync.Once
-	layoutErr      error
+	// nodeDataOffset and nodeShapeOffset are the offsets of simplego.Node's `data any` and
+	// `shape shapes.Shape` fields, set by CheckSimplegoLayout.
+	nodeDataOffset, nodeShapeOffset uintptr
+	layoutOnce                      sync.Once
+	layoutErr                       error
 )
 
 // CheckSimplegoLayout verifies that simplego.Node still has the `data any` field this package reads and
@@ -70,6 +71,16 @@ func CheckSimplegoLayout() error {
 		default:
 			nodeDataOffset = field.Offset
 		}
+		if layoutErr != nil {
+			return
+		}
+		shapeField, found := reflect.TypeFor[simplego.Node]().FieldByName("shape")
+		if !found || shapeField.Type != reflect.TypeFor[shapes.Shape]() {
+			layoutErr = fmt.Errorf("simplego.Node has no field \"shape\" of type shapes.Shape (GoMLX internals " +
+				"changed; written against GoMLX v0.26.0)")
+			return
+		}
+		nodeShapeOffset = shapeField.Offset
 	})
 	return layoutErr
 }
@@ -142,6 +153,15 @@ func NodeData(node *simplego.Node) any {
 		return nil
 	}
 	return *(*any)(unsafe.Add(unsafe.Pointer(node), nodeDataOffset))
+}
+
+// NodeShape returns the shape of the node's output (simplego.Node's shape field), and false when the
+// internals changed.
+func NodeShape(node *simplego.Node) (shapes.Shape, bool) {
+	if CheckSimplegoLayout() != nil {
+		return shapes.Shape{}, false
+	}
+	return *(*shapes.Shape)(unsafe.Add(unsafe.Pointer(node), nodeShapeOffset)), true
 }
 
 // NewNode adds a node of opType with the given output shape and inputs to builder, holding data as its
