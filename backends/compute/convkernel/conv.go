@@ -57,6 +57,12 @@ type convPlan struct {
 	// outputPerm[i]).
 	inputPerm, kernelPerm, outputPerm []int
 	outputDims                        []int // In the node's layout.
+	// dual is set when the operands' natural layouts are [in, spatial..., batch] (input),
+	// [in, spatial..., out] (kernel) and [spatial..., batch, out] (output): the kernel gradient of a
+	// channels-last convolution, whose batch and channels trade roles. Packing the patches with the
+	// contraction as rows and multiplying with the packed matrix transposed reads both operands and
+	// writes the output in place, with no transposes.
+	dual bool
 }
 
 func (p *convPlan) numSpatial() int      { return len(p.inputSpatial) }
@@ -135,6 +141,12 @@ func newConvPlan(input, kernel shapes.Shape, params *convParams) (plan *convPlan
 		return nil, false, fmt.Errorf("axes %+v do not each name every axis of rank %d once", axes, rank)
 	}
 	p.inputPerm, p.kernelPerm = nonIdentity(inputOrder), nonIdentity(kernelOrder)
+	p.dual = numSpatial <= 2 && slices.Equal(axes.InputSpatial, seq(1, numSpatial)) &&
+		axes.InputChannels == 0 && axes.InputBatch == numSpatial+1 &&
+		axes.KernelInputChannels == 0 && slices.Equal(axes.KernelSpatial, seq(1, numSpatial)) &&
+		axes.KernelOutputChannels == numSpatial+1 &&
+		slices.Equal(axes.OutputSpatial, seq(0, numSpatial)) && axes.OutputBatch == numSpatial &&
+		axes.OutputChannels == numSpatial+1
 	// Canonical output axis c lands on node axis nodeOutputAxes[c]; invert it for TransposeInto.
 	outputPerm := make([]int, rank)
 	for canonical, nodeAxis := range nodeOutputAxes {
@@ -196,6 +208,14 @@ func runConvGeneral(backend *simplego.Backend, node *simplego.Node, inputs []*si
 // convolve computes output (in the node's layout) from input and kernel (in theirs): operands moved to
 // canonical order where they are not, the patches packed into a reused buffer, one gemm.
 func convolve[T float32 | float64](p *convPlan, input, kernel, output []T, pool *scratchPool[T]) {
+	if p.dual {
+		patches := pool.get(p.rows() * p.patchLength())
+		defer pool.put(patches)
+		im2colDual(p, patches, input)
+		// patches: [inChannels·kernelPositions, outputPositions·batch]; kernel: [inChannels·kernelPositions, out].
+		blas.Gemm(p.rows(), p.outChannels, p.patchLength(), true, false, patches, kernel, output)
+		return
+	}
 	if p.inputPerm != nil {
 		canonical := pool.get(len(input))
 		defer pool.put(canonical)
@@ -352,6 +372,65 @@ func im2colND[T float32 | float64](p *convPlan, patches, input []T, tables [][]i
 			}
 		}
 	}
+}
+
+// im2colDual writes the patches of an input stored [in, spatial..., batch] as the transpose of im2col's
+// matrix: row (c, k) for input channel c and kernel position k, column (o, b) for output position o and
+// batch item b, so the batch items read at each pair are one contiguous copy.
+func im2colDual[T float32 | float64](p *convPlan, patches, input []T) {
+	spatial, kernel, output := p.inputSpatial, p.kernelSpatial, p.outputSpatial
+	strides, kernelDilations, inputDilations, lowPads := p.strides, p.kernelDilations, p.inputDilations, p.lowPads
+	if len(spatial) == 1 { // One spatial axis: a unit axis in front.
+		spatial, kernel, output = []int{1, spatial[0]}, []int{1, kernel[0]}, []int{1, output[0]}
+		strides, kernelDilations = []int{1, strides[0]}, []int{1, kernelDilations[0]}
+		inputDilations, lowPads = []int{1, inputDilations[0]}, []int{0, lowPads[0]}
+	}
+	rowTable := positionTable(output[0], kernel[0], spatial[0], strides[0], kernelDilations[0], inputDilations[0], lowPads[0])
+	colTable := positionTable(output[1], kernel[1], spatial[1], strides[1], kernelDilations[1], inputDilations[1], lowPads[1])
+	batch := p.batch
+	planeSize := spatial[0] * spatial[1] * batch
+	at := 0
+	for c := range p.inChannels {
+		plane := input[c*planeSize : (c+1)*planeSize]
+		for kh := range kernel[0] {
+			for kw := range kernel[1] {
+				for oh := range output[0] {
+					ih := rowTable[oh*kernel[0]+kh]
+					if batch == 1 { // One element per pair: assign instead of calling copy.
+						for ow := range output[1] {
+							iw := colTable[ow*kernel[1]+kw]
+							var v T
+							if ih >= 0 && iw >= 0 {
+								v = plane[ih*spatial[1]+iw]
+							}
+							patches[at] = v
+							at++
+						}
+						continue
+					}
+					for ow := range output[1] {
+						iw := colTable[ow*kernel[1]+kw]
+						if ih < 0 || iw < 0 {
+							clear(patches[at : at+batch])
+						} else {
+							from := (ih*spatial[1] + iw) * batch
+							copy(patches[at:at+batch], plane[from:from+batch])
+						}
+						at += batch
+					}
+				}
+			}
+		}
+	}
+}
+
+// seq returns from, from+1, …, from+n−1.
+func seq(from, n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = from + i
+	}
+	return s
 }
 
 // advance moves a row-major odometer one position forward; false when it wrapped around to all zeros.

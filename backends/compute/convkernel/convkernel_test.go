@@ -142,6 +142,54 @@ func TestConvGeneralMatchesSimplego(t *testing.T) {
 	}
 }
 
+// TestKernelGradientLayoutMatchesSimplego covers the layout of a channels-last convolution's kernel
+// gradient — input [in, spatial..., batch], kernel [in, spatial..., out], output [spatial..., batch, out] —
+// which the executor packs transposed, with strides, dilations and padding.
+func TestKernelGradientLayoutMatchesSimplego(t *testing.T) {
+	withKernels(t, true, func() {})
+	rng := rand.New(rand.NewPCG(21, 22))
+	for i := range 30 {
+		numSpatial := 1 + rng.IntN(2)
+		batch, in, out := 1+rng.IntN(4), 1+rng.IntN(3), 1+rng.IntN(3)
+		c := convConfig{}
+		c.inputDims, c.kernelDims = []int{in}, []int{in}
+		for j := range numSpatial {
+			k := 1 + rng.IntN(4)
+			c.kernelDilation = append(c.kernelDilation, 1+rng.IntN(2))
+			c.strides = append(c.strides, 1+rng.IntN(2))
+			c.inputDilations = append(c.inputDilations, 1)
+			c.paddings = append(c.paddings, [2]int{rng.IntN(2), rng.IntN(2)})
+			c.inputDims = append(c.inputDims, 3+rng.IntN(4)+(k-1)*c.kernelDilation[j])
+			c.kernelDims = append(c.kernelDims, k)
+		}
+		c.inputDims, c.kernelDims = append(c.inputDims, batch), append(c.kernelDims, out)
+		c.axes = backends.ConvolveAxesConfig{
+			InputChannels: 0, InputSpatial: seq(1, numSpatial), InputBatch: numSpatial + 1,
+			KernelInputChannels: 0, KernelSpatial: seq(1, numSpatial), KernelOutputChannels: numSpatial + 1,
+			OutputSpatial: seq(0, numSpatial), OutputBatch: numSpatial, OutputChannels: numSpatial + 1,
+		}
+		for _, dtype := range []dtypes.DType{dtypes.Float32, dtypes.Float64} {
+			t.Run(fmt.Sprintf("%d/in%v/k%v/s%v/d%v/p%v/%s", i, c.inputDims, c.kernelDims, c.strides, c.kernelDilation,
+				c.paddings, dtype), func(t *testing.T) {
+				plan, ok, err := newConvPlan(shapes.Make(dtype, c.inputDims...), shapes.Make(dtype, c.kernelDims...),
+					&convParams{axes: c.axes, strides: c.strides, paddings: c.paddings, inputDilations: c.inputDilations,
+						kernelDilations: c.kernelDilation})
+				require.NoError(t, err)
+				require.True(t, ok && plan.dual, "the layout was not recognised")
+				input := computetest.RandomTensor(rng, shapes.Make(dtype, c.inputDims...))
+				kernel := computetest.RandomTensor(rng, shapes.Make(dtype, c.kernelDims...))
+				got, want := c.run(t, true, input, kernel), c.run(t, false, input, kernel)
+				require.True(t, want.Shape().Equal(got.Shape()), "shape %s, want %s", got.Shape(), want.Shape())
+				tolerance := 1e-12
+				if dtype == dtypes.Float32 {
+					tolerance = 1e-5
+				}
+				assertClose(t, flat64(got), flat64(want), tolerance)
+			})
+		}
+	}
+}
+
 // TestGroupedConvolutionFallsBack checks that channel grouping keeps simplego's executor (and its result).
 func TestGroupedConvolutionFallsBack(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
