@@ -113,64 +113,122 @@ func runBroadcast(opType backends.OpType, backend *simplego.Backend, inputs []*s
 	return output, true
 }
 
-// broadcastOp dispatches once per call to a loop specialised for the operation, so the inner loops hold
-// no indirect call.
+// broadcastOp dispatches once per call to a loop written out for the operation, so the inner loops hold
+// no call.
 func broadcastOp[T float32 | float64](opType backends.OpType, plan broadcastPlan, lhs, rhs, out []T) {
 	switch opType {
 	case backends.OpTypeAdd:
 		broadcastAdd(plan, lhs, rhs, out)
-	case backends.OpTypeSub:
-		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a - b })
 	case backends.OpTypeMul:
-		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a * b })
+		broadcastMul(plan, lhs, rhs, out)
+	case backends.OpTypeSub:
+		broadcastSub(plan, lhs, rhs, out)
 	case backends.OpTypeDiv:
-		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return a / b })
-	case backends.OpTypeMax:
-		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return max(a, b) })
+		broadcastDiv(plan, lhs, rhs, out)
+	case backends.OpTypeMax: // Commutative, like Add and Mul: the operands' order does not matter.
+		blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+			for i := range block {
+				block[i] = max(large[i], small[i])
+			}
+		}, func(block, large []T, s T) {
+			for i := range block {
+				block[i] = max(large[i], s)
+			}
+		})
 	case backends.OpTypeMin:
-		broadcastLoop(plan, lhs, rhs, out, func(a, b T) T { return min(a, b) })
+		blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+			for i := range block {
+				block[i] = min(large[i], small[i])
+			}
+		}, func(block, large []T, s T) {
+			for i := range block {
+				block[i] = min(large[i], s)
+			}
+		})
 	}
 }
 
-// broadcastLoop applies op block by block; op is a small func literal the compiler inlines into each
-// instantiation's loops.
-func broadcastLoop[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T, op func(a, b T) T) {
+// blocks calls fn for each block of the output with the large operand's matching block and, for a small
+// operand that repeats whole (after = 1), its elements, or else the one small value the block pairs with.
+func blocks[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T, whole func(block, large, small []T),
+	single func(block, large []T, small T)) {
 	large, small := lhs, rhs
 	if plan.smallIsLHS {
 		large, small = rhs, lhs
 	}
 	within, after := plan.within, plan.after
-	if after == 1 { // The small operand repeats whole: pair element with element.
-		small = small[:within]
+	if after == 1 {
 		for p := range plan.before {
-			block, from := out[p*within:(p+1)*within], large[p*within:(p+1)*within]
-			if plan.smallIsLHS {
-				for i := range block {
-					block[i] = op(small[i], from[i])
-				}
-			} else {
-				for i := range block {
-					block[i] = op(from[i], small[i])
-				}
-			}
+			whole(out[p*within:(p+1)*within], large[p*within:(p+1)*within], small[:within])
 		}
 		return
 	}
 	for p := range plan.before {
 		for m, s := range small[:within] {
 			at := (p*within + m) * after
-			block, from := out[at:at+after], large[at:at+after]
-			if plan.smallIsLHS {
-				for i := range block {
-					block[i] = op(s, from[i])
-				}
-			} else {
-				for i := range block {
-					block[i] = op(from[i], s)
-				}
-			}
+			single(out[at:at+after], large[at:at+after], s)
 		}
 	}
+}
+
+func broadcastMul[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T) {
+	blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+		for i := range block {
+			block[i] = large[i] * small[i]
+		}
+	}, func(block, large []T, s T) {
+		for i := range block {
+			block[i] = large[i] * s
+		}
+	})
+}
+
+func broadcastSub[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T) {
+	if plan.smallIsLHS {
+		blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+			for i := range block {
+				block[i] = small[i] - large[i]
+			}
+		}, func(block, large []T, s T) {
+			for i := range block {
+				block[i] = s - large[i]
+			}
+		})
+		return
+	}
+	blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+		for i := range block {
+			block[i] = large[i] - small[i]
+		}
+	}, func(block, large []T, s T) {
+		for i := range block {
+			block[i] = large[i] - s
+		}
+	})
+}
+
+func broadcastDiv[T float32 | float64](plan broadcastPlan, lhs, rhs, out []T) {
+	if plan.smallIsLHS {
+		blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+			for i := range block {
+				block[i] = small[i] / large[i]
+			}
+		}, func(block, large []T, s T) {
+			for i := range block {
+				block[i] = s / large[i]
+			}
+		})
+		return
+	}
+	blocks(plan, lhs, rhs, out, func(block, large, small []T) {
+		for i := range block {
+			block[i] = large[i] / small[i]
+		}
+	}, func(block, large []T, s T) {
+		for i := range block {
+			block[i] = large[i] / s
+		}
+	})
 }
 
 // broadcastAdd is broadcastLoop for Add (commutative, so the operands' order does not matter), written out:

@@ -8,6 +8,9 @@
 //     loops. Same shapes and scalars stay with simplego, which already loops over them directly.
 //   - Reductions (ReduceSum, ReduceMax, ReduceMin) over contiguous axes, and conversions from booleans,
 //     which simplego routes through per-element iterators and dispatch.
+//   - Transpose and BroadcastInDim, which move data: as block copies and fills.
+//   - Exp and Erf in float32, computed in float32 (see unary.go for the approximations and their error
+//     bounds) instead of through float64.
 //   - Sign, which GoMLX uses for the gradients of Max, Min, Abs and ReLU: simplego's branches on every
 //     element's sign mispredict on real data; here it is computed without branches.
 //
@@ -41,7 +44,11 @@ var (
 // atomicCounter counts calls of one path.
 type atomicCounter = atomic.Uint64
 
-const opTypeConvertDType = backends.OpTypeConvertDType
+const (
+	opTypeConvertDType   = backends.OpTypeConvertDType
+	opTypeTranspose      = backends.OpTypeTranspose
+	opTypeBroadcastInDim = backends.OpTypeBroadcastInDim
+)
 
 func init() {
 	for _, opType := range binaryOps {
@@ -51,21 +58,29 @@ func init() {
 		patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: opType, Executor: reduceExecutor(opType)})
 	}
 	patches = append(patches, &gomlxpatch.ExecutorPatch{OpType: backends.OpTypeSign, Executor: execSign},
-		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeConvertDType, Executor: execConvertDType})
+		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeConvertDType, Executor: execConvertDType},
+		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeTranspose, Executor: execTranspose},
+		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeBroadcastInDim, Executor: execBroadcastInDim},
+		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeExp, Executor: execExp},
+		&gomlxpatch.ExecutorPatch{OpType: backends.OpTypeErf, Executor: execErf})
 }
 
 // Counts says how many operations this package computed since the process started.
 type Counts struct {
-	Broadcasts  uint64 // binary operations with a non-scalar broadcast
-	Signs       uint64
-	Reductions  uint64 // ReduceSum, ReduceMax and ReduceMin over contiguous axes
-	Conversions uint64 // ConvertDType from booleans
+	Broadcasts      uint64 // binary operations with a non-scalar broadcast
+	Signs           uint64
+	Reductions      uint64 // ReduceSum, ReduceMax and ReduceMin over contiguous axes
+	Conversions     uint64 // ConvertDType from booleans
+	Transposes      uint64
+	Exps, Erfs      uint64 // float32 Exp and Erf
+	BroadcastInDims uint64
 }
 
 // Calls returns the operations computed so far.
 func Calls() Counts {
 	return Counts{Broadcasts: broadcastCalls.Load(), Signs: signCalls.Load(), Reductions: reduceCalls.Load(),
-		Conversions: convertCalls.Load()}
+		Conversions: convertCalls.Load(), Transposes: transposeCalls.Load(), BroadcastInDims: broadcastInDimCalls.Load(),
+		Exps: expCalls.Load(), Erfs: erfCalls.Load()}
 }
 
 // Install puts this package's executors in simplego's table, for every simplego backend of the process. It
