@@ -101,7 +101,12 @@ func exp32(x float32) float32 {
 		ln2Hi = 0.693359375 // ln 2 split so that n·ln2Hi is exact
 		ln2Lo = -2.12194440e-4
 	)
-	n := float32(math.Floor(float64(x*log2e + 0.5)))
+	t := x * log2e
+	k := int32(t + 0.5) // Rounds to nearest: the conversion truncates towards zero, so offset by ±0.5.
+	if t < 0 {
+		k = int32(t - 0.5)
+	}
+	n := float32(k)
 	r := x - n*ln2Hi - n*ln2Lo
 	p := float32(1.9875691500e-4)
 	p = p*r + 1.3981999507e-3
@@ -110,7 +115,6 @@ func exp32(x float32) float32 {
 	p = p*r + 1.6666665459e-1
 	p = p*r + 5.0000001201e-1
 	y := p*r*r + r + 1
-	k := int32(n)
 	if k > 127 { // y·2^k with 2^k beyond float32's normal exponents: scale in two steps.
 		return y * math.Float32frombits(uint32(127+127)<<23) * math.Float32frombits(uint32(k-127+127)<<23)
 	}
