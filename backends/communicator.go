@@ -20,10 +20,14 @@ const (
 	OpBroadcast
 	OpAllGather
 	OpBarrier
+	OpReduceScatter
 	numOps
 )
 
-var opNames = [...]string{"all-reduce", "broadcast", "all-gather", "barrier"}
+// NumOps is the number of operation kinds: Op values run from 0 to NumOps-1.
+const NumOps = int(numOps)
+
+var opNames = [...]string{"all-reduce", "broadcast", "all-gather", "barrier", "reduce-scatter"}
 
 func (op Op) String() string {
 	if op >= 0 && op < numOps {
@@ -283,13 +287,19 @@ type Pending struct {
 	op      Op
 	bytes   int
 	started time.Time
-	done    bool
-	err     error
+
+	// mu guards done and err: Wait may be called from several goroutines, and the second must get the
+	// first's result rather than race on it or poll a request the first already completed.
+	mu   sync.Mutex
+	done bool
+	err  error
 }
 
 // Wait blocks until the collective completes, the timeout passes, or it fails. Waiting twice is allowed
-// and returns the same result.
+// and returns the same result, also from another goroutine.
 func (p *Pending) Wait() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.done {
 		return p.err
 	}
@@ -439,16 +449,17 @@ func (c *Communicator) wait(p *Pending) error {
 	}
 }
 
-// AllReduceSumAsync starts an in-place sum of buf across ranks. buf must not be touched until Wait returns.
+// AllReduceSumAsync starts an in-place sum of buf across ranks. buf is a slice of one of the element types
+// Elements accepts, or a Buffer; it must not be touched until Wait returns.
 func (c *Communicator) AllReduceSumAsync(buf any) (*Pending, error) {
-	bi, err := Elements(buf)
+	b, err := Elements(buf)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkCall(OpAllReduce, bi, -1); err != nil {
+	if err := c.checkCall(OpAllReduce, b, -1); err != nil {
 		return nil, err
 	}
-	return c.start(OpAllReduce, bi.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(buf) })
+	return c.start(OpAllReduce, b.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(b) })
 }
 
 // AllReduceSum sums buf in place across ranks.
@@ -460,43 +471,80 @@ func (c *Communicator) AllReduceSum(buf any) error {
 	return p.Wait()
 }
 
-// Broadcast copies root's buf into every rank's buf.
-func (c *Communicator) Broadcast(buf any, root int) error {
-	bi, err := Elements(buf)
+// ReduceScatterSumAsync starts an element-wise sum of every rank's send that leaves this rank's block of it
+// in recv: send is Size() blocks of len(recv) elements, and rank r receives the sum of block r. Neither
+// buffer may be touched until Wait returns.
+func (c *Communicator) ReduceScatterSumAsync(send, recv any) (*Pending, error) {
+	s, r, err := c.blocks("reduce-scatter", recv, send)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if root < 0 || root >= c.Size() {
-		return fmt.Errorf("backends: broadcast root %d outside [0, %d)", root, c.Size())
+	if err := c.checkCall(OpReduceScatter, s, -1); err != nil {
+		return nil, err
 	}
-	if err := c.checkCall(OpBroadcast, bi, root); err != nil {
-		return err
-	}
-	p, err := c.start(OpBroadcast, bi.Bytes, func() (Request, error) { return c.engine.StartBroadcast(buf, root) })
+	return c.start(OpReduceScatter, s.Bytes, func() (Request, error) { return c.engine.StartReduceScatterSum(s, r) })
+}
+
+// ReduceScatterSum is ReduceScatterSumAsync and Wait.
+func (c *Communicator) ReduceScatterSum(send, recv any) error {
+	p, err := c.ReduceScatterSumAsync(send, recv)
 	if err != nil {
 		return err
 	}
 	return p.Wait()
 }
 
+// blocks classifies a buffer of one block and one of Size() blocks, and checks that they match.
+func (c *Communicator) blocks(what string, blockBuf, wholeBuf any) (whole, block Buffer, err error) {
+	if block, err = Elements(blockBuf); err != nil {
+		return whole, block, err
+	}
+	if whole, err = Elements(wholeBuf); err != nil {
+		return whole, block, err
+	}
+	if block.Kind != whole.Kind || whole.Len != block.Len*c.Size() {
+		return whole, block, fmt.Errorf("backends: %s of %s[%d] per rank over %d ranks needs a %s[%d] buffer "+
+			"of all ranks' blocks, got %s[%d]", what, block.Kind, block.Len, c.Size(), block.Kind,
+			block.Len*c.Size(), whole.Kind, whole.Len)
+	}
+	return whole, block, nil
+}
+
+// Broadcast copies root's buf into every rank's buf.
+func (c *Communicator) Broadcast(buf any, root int) error {
+	b, err := Elements(buf)
+	if err != nil {
+		return err
+	}
+	if root < 0 || root >= c.Size() {
+		return fmt.Errorf("backends: broadcast root %d outside [0, %d)", root, c.Size())
+	}
+	if err := c.checkCall(OpBroadcast, b, root); err != nil {
+		return err
+	}
+	p, err := c.start(OpBroadcast, b.Bytes, func() (Request, error) { return c.engine.StartBroadcast(b, root) })
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// AllGatherAsync starts gathering every rank's send into recv, ordered by rank. len(recv) must be
+// Size()*len(send). Neither buffer may be touched until Wait returns.
+func (c *Communicator) AllGatherAsync(send, recv any) (*Pending, error) {
+	r, s, err := c.blocks("all-gather", send, recv)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkCall(OpAllGather, s, -1); err != nil {
+		return nil, err
+	}
+	return c.start(OpAllGather, s.Bytes, func() (Request, error) { return c.engine.StartAllGather(s, r) })
+}
+
 // AllGather gathers every rank's send into recv, ordered by rank. len(recv) must be Size()*len(send).
 func (c *Communicator) AllGather(send, recv any) error {
-	si, err := Elements(send)
-	if err != nil {
-		return err
-	}
-	ri, err := Elements(recv)
-	if err != nil {
-		return err
-	}
-	if si.Kind != ri.Kind || ri.Len != si.Len*c.Size() {
-		return fmt.Errorf("backends: all-gather of %s[%d] needs a %s[%d] receive buffer, got %s[%d]",
-			si.Kind, si.Len, si.Kind, si.Len*c.Size(), ri.Kind, ri.Len)
-	}
-	if err := c.checkCall(OpAllGather, si, -1); err != nil {
-		return err
-	}
-	p, err := c.start(OpAllGather, si.Bytes, func() (Request, error) { return c.engine.StartAllGather(send, recv) })
+	p, err := c.AllGatherAsync(send, recv)
 	if err != nil {
 		return err
 	}
@@ -505,7 +553,7 @@ func (c *Communicator) AllGather(send, recv any) error {
 
 // Barrier returns once every rank reached it.
 func (c *Communicator) Barrier() error {
-	if err := c.checkCall(OpBarrier, BufferInfo{}, -1); err != nil {
+	if err := c.checkCall(OpBarrier, Buffer{}, -1); err != nil {
 		return err
 	}
 	p, err := c.start(OpBarrier, 0, c.engine.StartBarrier)
