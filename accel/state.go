@@ -12,7 +12,6 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
-	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -63,6 +62,10 @@ type savedLoader struct {
 	// absent in older checkpoints.
 	BatchSize int `json:"batch_size,omitempty"`
 	Batches   int `json:"batches,omitempty"`
+}
+
+func (l savedLoader) state() prepare.LoaderState {
+	return prepare.LoaderState{Epoch: l.Epoch, Position: l.Position}
 }
 
 // WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default: keep all).
@@ -122,7 +125,7 @@ func (a *Accelerator) currentState() (savedState, error) {
 		if !m.Materialized() {
 			return s, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
 		}
-		if resume.Model.PendingSync(m) {
+		if m.Reducer().Synced() {
 			return s, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; save "+
 				"after the optimizer's Step", i)
 		}
@@ -136,8 +139,9 @@ func (a *Accelerator) currentState() (savedState, error) {
 				idx = i
 			}
 		}
-		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: o.Steps(), Skipped: o.SkippedSteps(),
-			Kind: resume.Optimizer.Kind(o)})
+		os := o.State()
+		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: os.Steps, Skipped: os.Skipped,
+			Kind: os.Kind})
 	}
 	for _, l := range a.checkpointedLoaders() {
 		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position(), BatchSize: l.BatchSize(),
@@ -161,7 +165,7 @@ func (a *Accelerator) checkpointedLoaders() []*prepare.DataLoader {
 func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte) error {
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
-		if err := saveVariables(m.Context(), modelDir, resume.Model.Accumulators(m)); err != nil {
+		if err := saveVariables(m.Context(), modelDir, m.Reducer().Accumulators()); err != nil {
 			return err
 		}
 		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {
@@ -200,22 +204,16 @@ func recoverInto(err *error, what string) {
 // gatherAccumulators returns, on the main process, every rank's accumulator bytes (bucket by bucket, rank
 // by rank); on other ranks nil.
 func (a *Accelerator) gatherAccumulators(m *prepare.Model) ([]byte, error) {
+	state, err := m.Reducer().State()
+	if err != nil {
+		return nil, err
+	}
 	var blob []byte
 	size := a.comm.Size()
-	for _, v := range resume.Model.Accumulators(m) {
-		value, err := v.Value()
-		if err != nil {
-			return nil, err
-		}
-		n := int(value.Shape().Memory())
-		all := make([]byte, n*size)
-		var gatherErr error
-		err = value.ConstBytes(func(data []byte) { gatherErr = a.comm.AllGather(data, all) })
-		if err == nil {
-			err = gatherErr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("gathering accumulator %q: %w", v.ScopeAndName(), err)
+	for b, data := range state.Accumulators {
+		all := make([]byte, len(data)*size)
+		if err := a.comm.AllGather(data, all); err != nil {
+			return nil, fmt.Errorf("gathering accumulator %q: %w", m.Reducer().Accumulators()[b].ScopeAndName(), err)
 		}
 		if a.IsMainProcess() {
 			blob = append(blob, all...)

@@ -5,8 +5,11 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
 )
 
 // A two-layer model's parameters, in the order the model created them. The plan walks them backwards —
@@ -113,4 +116,73 @@ func ExampleGradientState_ReduceThisStep() {
 	// call 2: all-reduce true, step true
 	// call 3: all-reduce true, step false
 	// call 4: all-reduce true, step true
+}
+
+// loggingHook is a communication hook that reports each bucket and reduces it unchanged: a compressing hook
+// would encode b.Buffer into a narrower buffer here and decode it in the returned waiter's Wait.
+type loggingHook struct{}
+
+func (loggingHook) Name() string { return "logging" }
+
+func (loggingHook) Start(comm *backends.Communicator, sharding accumulate.Sharding, b accumulate.GradBucket) (accumulate.Waiter, error) {
+	fmt.Printf("bucket %d: %d %s elements\n", b.Index, b.Buffer.Len, b.Buffer.Kind)
+	return accumulate.IdentityHook{}.Start(comm, sharding, b)
+}
+
+// A reducer registered with a communication hook hands it every bucket of a sync, in plan order.
+func ExampleWithCommHook() {
+	plan, err := accumulate.NewPlan([]accumulate.Param{
+		{Name: "w", Shape: shapes.Make(dtypes.Float32, 3)},
+		{Name: "b", Shape: shapes.Make(dtypes.Float64, 2)},
+	}, 0, 1<<20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	comms, err := backends.NewInProcessGroup(2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	buckets := func() []*tensors.Tensor {
+		return []*tensors.Tensor{tensors.FromValue([]float64{1, 2}), tensors.FromValue([]float32{1, 2, 3})}
+	}
+	mine, theirs := buckets(), buckets()
+	done := make(chan error)
+	go func() { done <- accumulate.NewReducer(comms[1], plan).Sync(theirs) }()
+	err = accumulate.NewReducer(comms[0], plan, accumulate.WithCommHook(loggingHook{})).Sync(mine)
+	fmt.Println(err, <-done, tensors.MustCopyFlatData[float32](mine[1]))
+	// Output:
+	// bucket 0: 2 float64 elements
+	// bucket 1: 3 float32 elements
+	// <nil> <nil> [2 4 6]
+}
+
+// A reducer's State is what a checkpoint keeps of it: this rank's partial sums, bucket by bucket, and
+// whether they hold an unfinished accumulation cycle. Restore puts them back.
+func ExampleReducer_State() {
+	plan, err := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 2)}}, 0, 1<<20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	newReducer := func() (*accumulate.Reducer, *accumulate.GradientState, *context.Variable) {
+		state, _ := accumulate.NewGradientState(2, false)
+		acc := context.New().VariableWithValue("bucket_000", []float32{0, 0})
+		return accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithGradientState(state),
+			accumulate.WithAccumulators([]*context.Variable{acc})), state, acc
+	}
+	reducer, state, acc := newReducer()
+	_ = state.Accumulate(func() error {
+		_ = acc.SetValue(tensors.FromValue([]float32{0.5, -1})) // the training step does this
+		return reducer.EndMicroBatch(state.MicroBatchScale(), 0.1)
+	})
+	saved, err := reducer.State()
+	fmt.Println(err, saved.Accumulating, len(saved.Accumulators[0]), "bytes")
+
+	restored, _, restoredAcc := newReducer()
+	fmt.Println(restored.Restore(saved), tensors.MustCopyFlatData[float32](must(restoredAcc.Value())))
+	// Output:
+	// <nil> true 8 bytes
+	// <nil> [0.5 -1]
 }
