@@ -65,18 +65,20 @@ func WithGradientAccumulationSteps(k int) Option {
 	return func(c *config) { c.accumulationSteps = k }
 }
 
-// WithSyncEachBatch makes Accumulate all-reduce every micro-batch's gradients as soon as they exist, while
-// the optimizer still steps every K-th micro-batch (Accelerate's sync_each_batch). The weights are those of
-// plain accumulation, up to float rounding; it costs K all-reduces per step instead of one, for a user
-// whose micro-batches are bounded by memory and who would rather overlap communication with each backward.
+// WithSyncEachBatch makes Accumulate all-reduce every micro-batch's gradients once its training step has
+// returned, while the optimizer still steps every K-th micro-batch (Accelerate's sync_each_batch). The
+// weights are those of plain accumulation, up to float rounding; it costs K all-reduces per step instead
+// of one. The all-reduce does not overlap the backward pass: it starts after the whole compiled step, as
+// every sync does (see the reducer, docs/semantics.md section 10).
 func WithSyncEachBatch() Option { return func(c *config) { c.syncEachBatch = true } }
 
 // WithSplitBatches makes the batch size given to PrepareDataLoader global: each of N processes takes 1/N of
 // it (Accelerate's split_batches; see prepare.SplitBatches). By default the batch size is per process.
 func WithSplitBatches() Option { return func(c *config) { c.splitBatches = true } }
 
-// WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). Smaller buckets start
-// communicating earlier; larger ones pay per-call overheads less often.
+// WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). With smaller buckets
+// more of a sync's device-to-host copies overlap the reduction of the buckets before them; larger ones pay
+// per-call overheads less often.
 func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB = mb } }
 
 // WithSeed sets the seed data loaders shuffle with (default 42). Every rank must use the same seed.

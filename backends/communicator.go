@@ -332,9 +332,9 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 
 // busyPollFor is how long a wait polls without sleeping. Engines progress only inside Test (Open MPI's
 // non-blocking collectives have no progress thread), so every round of an all-reduce waits for the next
-// poll: a sleep there stalls the whole collective (docs/benchmarks.md §1 measured 0.17× MPI_Allreduce's
-// bandwidth at 4 MB with sleeps, 0.89× without). Past this, the wait is for a peer that is still computing
-// or writing a checkpoint, and sleeping keeps that idle wait from burning a core.
+// poll: a sleep there stalls the whole collective (docs/notes.md, Note [busy polling]). Past this, the wait
+// is for a peer that is still computing or writing a checkpoint, and sleeping keeps that idle wait from
+// burning a core.
 const busyPollFor = 20 * time.Millisecond
 
 // reschedEvery is how often a wait that spins passes through Go's scheduler, besides once when it begins.
@@ -345,12 +345,8 @@ const busyPollFor = 20 * time.Millisecond
 // repeats at every cgo call sysmon catches, each time waking a thread that takes a core from a rank
 // progressing the same collective. It happens at once, without the 10 ms, when the goroutine comes back from
 // a long cgo call (a blocking MPI call, a BLAS kernel) on another P than it left, whose last slice is long
-// past. So every wait starts a slice when it begins, and a long one every millisecond: yieldToOwnP costs
-// about 55 ns and wakes no thread.
-//
-// Measured with make bench on 2 ranks of a 2-core machine, goaccel's all-reduce over MPI_Allreduce's
-// bandwidth, two interleaved runs each: without it 0.65–0.74 at 64 KB, 0.76–0.88 at 256 KB, 0.91–0.92 at
-// 1 MB, 0.92–0.95 at 4 MB, 0.85–0.94 at 16 MB; with it 0.86–0.88, 0.95–0.96, 0.95–0.97, 0.99 and 1.01–1.03.
+// past. So every wait starts a slice when it begins, and a long one every millisecond: yieldToOwnP is cheap
+// and wakes no thread. What it buys is in docs/notes.md, Note [time slices in waits].
 const reschedEvery = time.Millisecond
 
 // betweenPolls runs between two busy polls, as the poll mode says; inWait is how long the wait has polled,
@@ -382,9 +378,8 @@ const (
 	pollYieldingThreads
 	// pollSpinning polls again at once: each rank of the node has a core, as Open MPI assumes when it is
 	// not oversubscribed. Yielding there costs bandwidth: a yield is a system call that can hand the core
-	// to an unrelated process while the peer is sending, and even a goroutine yield enters the scheduler;
-	// measured on 2 ranks of a 2-core machine under load, 1 MB all-reduces took 300–370 µs yielding the
-	// thread, 235–300 µs yielding the goroutine and 170–180 µs spinning (MPI's own C loop: 100–160 µs).
+	// to an unrelated process while the peer is sending, and even a goroutine yield enters the scheduler
+	// (docs/notes.md, Note [poll modes]).
 	pollSpinning
 )
 

@@ -83,8 +83,7 @@ static int goaccel_iallgather(void *send, void *recv, int count, int kind, MPI_C
 
 // goaccel_test polls a request in C for up to budget_ns, at least 64 times: non-blocking collectives
 // progress only inside MPI calls, and a C loop drives them at MPI_Wait's cadence, where a return to Go
-// between polls leaves the peers' messages waiting (measured: a 1 MB all-reduce on 2 ranks took 1.35×
-// MPI's C loop when Go polled 64 tests at a time, 1.1× when one C call waited it out). The bound keeps
+// between polls leaves the peers' messages waiting (docs/notes.md, Note [MPI polling in C]). The bound keeps
 // each call short, so Go's wait loop, its watchdog and its peer checks still run: they work at
 // milliseconds to minutes.
 static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
@@ -295,8 +294,7 @@ type noticeSend struct {
 // launcher); backends.Open compares the two afterwards.
 // pollBudget is how long one Test polls in C when every rank of the node has a core. Ranks outnumbering
 // the cores poll once per Test instead, and the communicator yields between Tests so their peers run:
-// spinning in C there starved them (4 ranks on 2 cores: 1 MB all-reduces at 0.56× MPI's bandwidth against
-// 0.80× polling once).
+// spinning in C there starved them (docs/notes.md, Note [MPI polling in C]).
 const pollBudget = 200 * time.Microsecond
 
 func open(topo backends.Topology) (backends.Engine, error) {
