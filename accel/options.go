@@ -30,19 +30,26 @@ type config struct {
 	checkpointLimit   int
 	out               io.Writer
 	trackers          []Tracker
+
+	// backendSource names the environment variable backend came from ("" for a program's option).
+	backendSource string
+	// computeThreads, gradients, matmul and visibleDevices configure the compute backend (compute.Config).
+	computeThreads int
+	gradients      string
+	matmul         string
+	visibleDevices string
 }
 
-// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true.
+// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true (read with
+// the other variables by OptionsFromEnv).
 const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
 
 func defaultConfig() config {
-	check := os.Getenv(CheckReplicasEnvVar)
 	return config{
 		accumulationSteps: 1,
 		bucketCapMB:       float64(accumulate.DefaultBucketCapBytes) / (1 << 20),
 		seed:              42,
 		out:               os.Stdout,
-		checkReplicas:     check == "1" || check == "true",
 	}
 }
 
@@ -55,6 +62,9 @@ func (c config) validate() error {
 	}
 	if c.timeout < 0 {
 		return fmt.Errorf("accel: collective timeout must not be negative, got %s", c.timeout)
+	}
+	if c.computeThreads < 0 {
+		return fmt.Errorf("accel: compute threads must not be negative, got %d", c.computeThreads)
 	}
 	return nil
 }
@@ -85,10 +95,26 @@ func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }
 
 // WithBackend names the GoMLX compute backend configuration ("go", "xla:cpu", "xla:cuda"). By default
-// GOMLX_BACKEND decides, else XLA if a PJRT plugin is installed, else the pure-Go backend.
+// GOMLX_BACKEND decides (read by OptionsFromEnv), else XLA if a PJRT plugin is installed, else the pure-Go
+// backend.
 func WithBackend(backendConfig string) Option {
-	return func(c *config) { c.backend = backendConfig }
+	return func(c *config) { c.backend, c.backendSource = backendConfig, "" }
 }
+
+// WithGradientKernels chooses the gradients of matrix multiplications and convolutions: "gemm" (the
+// default) builds them as matrix multiplications the pure-Go backend runs fast, "gomlx" keeps GoMLX's own.
+// GOACCEL_GRADIENTS sets it too (compute.GradientsEnvVar).
+func WithGradientKernels(kind string) Option { return func(c *config) { c.gradients = kind } }
+
+// WithMatmul chooses the pure-Go backend's matrix multiplication: "blas" (the default in a build with the
+// blas tag) runs it on OpenBLAS, "go" keeps the backend's own kernel. GOACCEL_MATMUL sets it too
+// (compute.MatmulEnvVar).
+func WithMatmul(kind string) Option { return func(c *config) { c.matmul = kind } }
+
+// WithComputeThreads sets the compute threads of this process (its BLAS threads; with 1 the pure-Go
+// backend runs a graph's operations one after another). By default the node's cores divided by the
+// processes on it. GOACCEL_BLAS_THREADS sets it too (compute.ThreadsEnvVar).
+func WithComputeThreads(n int) Option { return func(c *config) { c.computeThreads = n } }
 
 // WithPluginDownloads lets GoMLX download PJRT plugins at run time (off by default).
 func WithPluginDownloads() Option { return func(c *config) { c.allowDownloads = true } }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -120,11 +119,12 @@ var ErrClosed = errors.New("backends: communicator is closed")
 const DefaultTimeout = 10 * time.Minute
 
 // TimeoutEnvVar overrides the collective timeout: a Go duration such as "30s", or a number of seconds. A
-// value that is neither is an error, never ignored.
+// value that is neither is an error, never ignored. The Accelerator's configuration reads it (see
+// accel.OptionsFromEnv); a Communicator takes only options.
 const TimeoutEnvVar = "GOACCEL_COLLECTIVE_TIMEOUT"
 
 // CallChecksEnvVar turns on the verification of every collective (see SetCallChecks) when set to 1 or
-// true: the debug mode.
+// true: the debug mode. The Accelerator's configuration reads it (see accel.OptionsFromEnv).
 const CallChecksEnvVar = "GOACCEL_DEBUG"
 
 // Communicator runs collectives on an engine and counts them. It is safe for concurrent use; collectives
@@ -141,8 +141,6 @@ type Communicator struct {
 	// describe says what the owner is doing, for error messages (for example the optimizer step).
 	describe func() string
 
-	// configErr is a setting from the environment that could not be read; collectives return it.
-	configErr error
 	// checkCalls: verify before every collective that all ranks call the same one (WithCallChecks).
 	checkCalls bool
 	// notices is the engine's side channel (nil if it has none); see Messenger.
@@ -176,15 +174,6 @@ func WithTimeout(d time.Duration) CommunicatorOption {
 // NewCommunicator wraps an engine. engineName is what Name reports.
 func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
 	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout, resched: yieldToOwnP}
-	if d, err := timeoutFromEnv(); err != nil {
-		// Never ignore the setting: every collective reports it (Open refuses to open at all).
-		c.configErr = err
-	} else if d > 0 {
-		c.timeout = d
-	}
-	if v := os.Getenv(CallChecksEnvVar); v == "1" || v == "true" {
-		c.checkCalls = true
-	}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -212,24 +201,8 @@ func ParseTimeout(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// timeoutFromEnv returns TimeoutEnvVar's timeout, 0 when it is not set.
-func timeoutFromEnv() (time.Duration, error) {
-	s := os.Getenv(TimeoutEnvVar)
-	if s == "" {
-		return 0, nil
-	}
-	d, err := ParseTimeout(s)
-	if err != nil {
-		return 0, fmt.Errorf("backends: %s: %w", TimeoutEnvVar, err)
-	}
-	return d, nil
-}
-
 // Open opens the named registered engine for topo and wraps it.
 func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Communicator, error) {
-	if _, err := timeoutFromEnv(); err != nil {
-		return nil, err
-	}
 	engine, err := OpenEngine(engineName, topo)
 	if err != nil {
 		return nil, err
@@ -313,9 +286,6 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, ErrClosed
-	}
-	if c.configErr != nil {
-		return nil, c.configErr
 	}
 	if c.broken != nil {
 		return nil, fmt.Errorf("backends: communicator unusable after an earlier failure: %w", c.broken)

@@ -190,13 +190,14 @@ func TestCollectivesAfterCloseFail(t *testing.T) {
 	}
 }
 
-func TestTimeoutFromEnvironment(t *testing.T) {
+// TestParseTimeout: the collective timeout's text form, as TimeoutEnvVar gives it, is a duration or a
+// number of seconds, and must be positive.
+func TestParseTimeout(t *testing.T) {
 	tests := []struct {
-		env     string
+		text    string
 		want    time.Duration
 		wantErr string
 	}{
-		{"", backends.DefaultTimeout, ""},
 		{"45s", 45 * time.Second, ""},
 		{"5", 5 * time.Second, ""},
 		{"2.5", 2500 * time.Millisecond, ""},
@@ -205,23 +206,14 @@ func TestTimeoutFromEnvironment(t *testing.T) {
 		{"0", 0, `"0" is not a positive duration`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.env, func(t *testing.T) {
-			t.Setenv(backends.TimeoutEnvVar, tt.env)
-			comms, err := backends.NewInProcessGroup(1)
-			require.NoError(t, err)
+		t.Run(tt.text, func(t *testing.T) {
+			got, err := backends.ParseTimeout(tt.text)
 			if tt.wantErr != "" {
-				// Never silently ignored: every collective and Open report it, naming the variable.
-				err := comms[0].Barrier()
-				require.ErrorContains(t, err, backends.TimeoutEnvVar+": "+tt.wantErr)
-				_, err = backends.Open("single", backends.Topology{WorldSize: 1, LocalSize: 1, Nodes: 1})
 				require.ErrorContains(t, err, tt.wantErr)
 				return
 			}
-			assert.Equal(t, tt.want, comms[0].Timeout())
-			// An explicit option wins over the environment.
-			comms, err = backends.NewInProcessGroup(1, backends.WithTimeout(time.Second))
 			require.NoError(t, err)
-			assert.Equal(t, time.Second, comms[0].Timeout())
+			assert.Equal(t, tt.want, got)
 		})
 	}
 }

@@ -2,10 +2,8 @@ package compute
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -78,7 +76,7 @@ func CurrentKernels() Kernels {
 // and help every backend (XLA fuses either form), so they are registered whatever the backend; the matmul
 // kernel replaces the pure-Go backend's own and only matters there.
 func setUpKernels(cfg Config, backendName string) error {
-	switch g := os.Getenv(GradientsEnvVar); g {
+	switch g := cfg.Gradients; g {
 	case "", "gemm":
 		gemmgrad.Register()
 		convgrad.Register()
@@ -91,7 +89,7 @@ func setUpKernels(cfg Config, backendName string) error {
 	if backendName != PureGo {
 		return nil
 	}
-	switch m := os.Getenv(MatmulEnvVar); m {
+	switch m := cfg.Matmul; m {
 	case "", "blas":
 		if !blas.Built && m == "blas" {
 			return fmt.Errorf("compute: %s=blas but this binary was built without BLAS: rebuild with "+
@@ -117,13 +115,6 @@ func setUpKernels(cfg Config, backendName string) error {
 func threadBudget(cfg Config) (int, error) {
 	if cfg.Threads > 0 {
 		return cfg.Threads, nil
-	}
-	if env := os.Getenv(ThreadsEnvVar); env != "" {
-		n, err := strconv.Atoi(strings.TrimSpace(env))
-		if err != nil || n < 1 {
-			return 0, fmt.Errorf("compute: %s=%q: want a positive number of threads", ThreadsEnvVar, env)
-		}
-		return n, nil
 	}
 	return max(1, runtime.NumCPU()/max(1, cfg.LocalSize)), nil
 }
