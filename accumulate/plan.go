@@ -1,6 +1,7 @@
 // Package accumulate decides when gradients are synchronised and how: the GradientState that turns calls
 // of Accumulate and NoSync into a sync flag, the bucket Plan that lays gradients out in flat accumulators,
-// and the Reducer that all-reduces those buckets.
+// and the Reducer that owns those accumulators and their synchronisation, through a CommHook and a
+// Sharding strategy (docs/semantics.md, section 10).
 //
 // Accumulators are the buckets: every micro-batch adds its flattened gradients straight into one flat
 // variable per bucket, so a sync hands whole buckets to the collective engine without packing them.

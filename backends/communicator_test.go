@@ -264,3 +264,33 @@ func TestStatsArithmetic(t *testing.T) {
 	assert.Equal(t, "all-gather", backends.OpAllGather.String())
 	assert.Equal(t, "Op(9)", backends.Op(9).String())
 }
+
+// TestPendingWaitFromSeveralGoroutines: goroutines waiting on one collective all get its result, once it
+// completes; the wait itself runs once (under -race, the result is never written unguarded).
+func TestPendingWaitFromSeveralGoroutines(t *testing.T) {
+	comms, err := backends.NewInProcessGroup(2, backends.WithTimeout(30*time.Second))
+	require.NoError(t, err)
+	bufs := [][]float64{{1, 2}, {10, 20}}
+	pendings := make([]*backends.Pending, 2)
+	for r := range 2 {
+		pendings[r], err = comms[r].AllReduceSumAsync(bufs[r])
+		require.NoError(t, err)
+	}
+	const waiters = 4
+	errs := make([]error, 2*waiters)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		for w := range waiters {
+			wg.Go(func() { errs[r*waiters+w] = pendings[r].Wait() })
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		assert.NoError(t, err, "waiter %d", i)
+	}
+	for r := range 2 {
+		assert.Equal(t, []float64{11, 22}, bufs[r], "rank %d", r)
+		assert.EqualValues(t, 1, comms[r].Stats().Of(backends.OpAllReduce).Calls, "rank %d", r)
+		require.NoError(t, comms[r].Close())
+	}
+}

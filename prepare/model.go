@@ -18,6 +18,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -265,7 +266,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	// Scaling the scalar loss scales every gradient alike, for one multiply instead of a pass over every
 	// gradient byte per micro-batch (which the pure-Go backend runs as a broadcast and a multiply).
 	grads := Gradient(Mul(loss, ConvertDType(scale, loss.DType())), values...)
-	flats := m.plan.FlattenIntoBuckets(grads)
+	flats := bucketgraph.Flatten(m.plan, grads)
 	for b, acc := range m.buckets {
 		acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
+	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -149,7 +150,7 @@ func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
 		value := acc.ValueGraph(g)
 		buckets[b] = Mul(value, ConvertDType(scale, value.DType()))
 	}
-	grads := m.plan.SplitBuckets(buckets)
+	grads := bucketgraph.Unflatten(m.plan, buckets)
 	if o.clipNorm > 0 {
 		grads = clipByGlobalNorm(grads, o.clipNorm)
 	}
