@@ -57,13 +57,7 @@ func ExampleGradientState() {
 	for i := 1; i <= batches; i++ {
 		state.SetEndOfDataloader(i == batches) // the data loader does this
 		_ = state.Accumulate(func() error {
-			state.RecordMicroBatch(state.MicroBatchScale()) // the model's Backward does this
-			fmt.Printf("call %d: scale %.2f, sync %v", i, state.MicroBatchScale(), state.SyncGradients())
-			if state.SyncGradients() {
-				fmt.Printf(", correction %.0f", state.SyncCorrection())
-				state.ResetMicroBatches()
-			}
-			fmt.Println()
+			fmt.Printf("call %d: scale %.2f, sync %v\n", i, state.MicroBatchScale(), state.SyncGradients())
 			return nil
 		})
 	}
@@ -72,9 +66,9 @@ func ExampleGradientState() {
 	// call 1: scale 0.25, sync false
 	// call 2: scale 0.25, sync false
 	// call 3: scale 0.25, sync false
-	// call 4: scale 0.25, sync true, correction 1
+	// call 4: scale 0.25, sync true
 	// call 5: scale 0.25, sync false
-	// call 6: scale 0.25, sync true, correction 2
+	// call 6: scale 0.25, sync true
 }
 
 // An evaluation loop inside the training loop enters its own loader: while it runs it decides the
@@ -101,21 +95,31 @@ func ExampleGradientState_EnterLoader() {
 	// after the loops: <nil> -1
 }
 
-// With SyncEachBatch every micro-batch inside Accumulate is all-reduced (ReduceThisStep), but the
-// optimizer still steps only every K-th (SyncGradients).
-func ExampleGradientState_ReduceThisStep() {
+// With SyncEachBatch the reducer all-reduces every micro-batch inside Accumulate (its sync count grows on
+// every call), but the optimizer still steps only every K-th (SyncGradients).
+func ExampleGradientState_SyncEachBatch() {
 	state, _ := accumulate.NewGradientState(2, true)
+	plan, _ := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 1)}}, 0, 1<<20)
+	acc := context.New().VariableWithValue("bucket_000", []float32{0})
+	reducer := accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithGradientState(state),
+		accumulate.WithAccumulators([]*context.Variable{acc}))
 	for i := 1; i <= 4; i++ {
 		_ = state.Accumulate(func() error {
-			fmt.Printf("call %d: all-reduce %v, step %v\n", i, state.ReduceThisStep(), state.SyncGradients())
+			if err := reducer.EndMicroBatch(state.MicroBatchScale(), 0.5); err != nil {
+				return err
+			}
+			fmt.Printf("call %d: syncs so far %d, step %v\n", i, reducer.Syncs(), state.SyncGradients())
+			if reducer.ReadyToApply() {
+				reducer.Applied() // the optimizer's Step does this
+			}
 			return nil
 		})
 	}
 	// Output:
-	// call 1: all-reduce true, step false
-	// call 2: all-reduce true, step true
-	// call 3: all-reduce true, step false
-	// call 4: all-reduce true, step true
+	// call 1: syncs so far 1, step false
+	// call 2: syncs so far 2, step true
+	// call 3: syncs so far 3, step false
+	// call 4: syncs so far 4, step true
 }
 
 // loggingHook is a communication hook that reports each bucket and reduces it unchanged: a compressing hook

@@ -126,14 +126,14 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 		return err
 	}
 	r.dirty = true
-	r.state.RecordMicroBatch(scale)
+	r.state.recordMicroBatch(scale)
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		r.nonFinite = true
 	}
 	switch {
 	case r.state.SyncGradients():
 		return r.sync()
-	case r.state.ReduceThisStep():
+	case r.state.reduceThisStep():
 		return r.reduceMicroBatch()
 	}
 	return nil
@@ -231,7 +231,7 @@ func (r *Reducer) sync() error {
 		return err
 	}
 	r.synced = true
-	r.scale = r.state.SyncCorrection() / float64(r.comm.Size())
+	r.scale = r.state.syncCorrection() / float64(r.comm.Size())
 	r.state.ResetMicroBatches()
 	return nil
 }
