@@ -45,7 +45,7 @@ func TestConformance(t *testing.T) {
 		mpitest.Do(t, conformanceRank)
 		return
 	}
-	for _, np := range []int{2, 4} {
+	for _, np := range []int{1, 2, 4} {
 		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
 			results := mpitest.Run(t, np, "TestConformance")
 			var first conformanceReport
