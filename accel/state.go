@@ -2,6 +2,7 @@ package accel
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -83,7 +84,7 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	if err := a.checkOpen(); err != nil {
 		return "", err
 	}
-	state, err := a.currentState()
+	state, reducers, err := a.currentState()
 	if err != nil {
 		return "", err
 	}
@@ -91,7 +92,7 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	// small next to the model, so the layout stays the same whatever the position.
 	accumulators := make([][]byte, len(a.models))
 	for i, m := range a.models {
-		if accumulators[i], err = a.gatherAccumulators(m); err != nil {
+		if accumulators[i], err = a.gatherAccumulators(m, reducers[i]); err != nil {
 			return "", fmt.Errorf("accel: saving state: %w", err)
 		}
 	}
@@ -114,23 +115,30 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	return path, nil
 }
 
-func (a *Accelerator) currentState() (savedState, error) {
+// currentState is what state.json will hold, and each model's reducer state (this rank's accumulators).
+func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, error) {
 	s := savedState{Format: stateFormat, WorldSize: a.WorldSize(), AccumulationSteps: a.state.Steps(),
 		SyncEachBatch: a.state.SyncEachBatch(), BucketCapMB: a.cfg.bucketCapMB, Seed: a.cfg.seed,
 		Backend: a.compute.Name(), Gradient: a.state.Position()}
 	if a.IsMainProcess() {
 		s.LogRecords = a.logRecords
 	}
+	var reducers []accumulate.ReducerState
 	for i, m := range a.models {
 		if !m.Materialized() {
-			return s, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
+			return s, nil, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
 		}
-		if m.Reducer().Synced() {
-			return s, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; save "+
-				"after the optimizer's Step", i)
+		rs, err := m.Reducer().State()
+		if errors.Is(err, accumulate.ErrSyncedNotApplied) {
+			return s, nil, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; "+
+				"save after the optimizer's Step", i)
 		}
+		if err != nil {
+			return s, nil, fmt.Errorf("accel: saving state: model %d: %w", i, err)
+		}
+		reducers = append(reducers, rs)
 		s.Models = append(s.Models, savedModel{Dir: fmt.Sprintf("model-%d", i), Plan: m.Plan().Signature(),
-			Accumulating: a.state.MicroBatchesSinceSync() > 0})
+			Accumulating: rs.Accumulating})
 	}
 	for _, o := range a.optimizers {
 		idx := -1
@@ -147,7 +155,7 @@ func (a *Accelerator) currentState() (savedState, error) {
 		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position(), BatchSize: l.BatchSize(),
 			Batches: l.Len()})
 	}
-	return s, nil
+	return s, reducers, nil
 }
 
 // checkpointedLoaders are the prepared loaders whose positions checkpoints hold, in order.
@@ -203,11 +211,7 @@ func recoverInto(err *error, what string) {
 
 // gatherAccumulators returns, on the main process, every rank's accumulator bytes (bucket by bucket, rank
 // by rank); on other ranks nil.
-func (a *Accelerator) gatherAccumulators(m *prepare.Model) ([]byte, error) {
-	state, err := m.Reducer().State()
-	if err != nil {
-		return nil, err
-	}
+func (a *Accelerator) gatherAccumulators(m *prepare.Model, state accumulate.ReducerState) ([]byte, error) {
 	var blob []byte
 	size := a.comm.Size()
 	for b, data := range state.Accumulators {

@@ -112,7 +112,7 @@ func (r *Reducer) BeginMicroBatch() (syncs bool, err error) {
 		return false, err
 	}
 	if r.synced {
-		return false, errors.New("prepare: Backward after a sync whose gradients were not applied: call the " +
+		return false, errors.New("accumulate: Backward after a sync whose gradients were not applied: call the " +
 			"optimizer's Step (or ZeroGrad) first")
 	}
 	return r.state.SyncGradients(), nil
@@ -161,7 +161,7 @@ func (r *Reducer) Clear() error {
 	if r.dirty || r.synced {
 		for _, v := range r.accumulators {
 			if err := v.SetValue(tensors.FromShape(v.Shape())); err != nil {
-				return fmt.Errorf("prepare: clearing accumulator %q: %w", v.ScopeAndName(), err)
+				return fmt.Errorf("accumulate: clearing accumulator %q: %w", v.ScopeAndName(), err)
 			}
 		}
 	}
@@ -203,7 +203,7 @@ func (r *Reducer) bucketTensors() ([]*tensors.Tensor, error) {
 	for b, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
-			return nil, fmt.Errorf("prepare: accumulator %d: %w", b, err)
+			return nil, fmt.Errorf("accumulate: accumulator %d: %w", b, err)
 		}
 		buckets[b] = t
 	}
@@ -252,10 +252,10 @@ func (r *Reducer) reduceMicroBatch() error {
 	for b, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
-			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
+			return fmt.Errorf("accumulate: accumulator %d: %w", b, err)
 		}
 		if err := t.MutableFlatData(func(flat any) { floats.Scale(flat, 1/float64(size)) }); err != nil {
-			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
+			return fmt.Errorf("accumulate: accumulator %d: %w", b, err)
 		}
 	}
 	return nil
