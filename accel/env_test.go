@@ -125,3 +125,16 @@ func ExampleOptionsFromEnv() {
 	fmt.Println(len(opts), err)
 	// Output: 2 <nil>
 }
+
+// Resolve shows the configuration New would use: the environment's variables, then the program's options,
+// which win.
+func ExampleResolve() {
+	conf, err := accel.Resolve(accel.WithBackend("go"), accel.WithComputeThreads(2), accel.WithMatmul("go"),
+		accel.WithGradientAccumulationSteps(4))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(conf.Compute.Backend, conf.Compute.Threads, conf.Compute.Matmul, conf.AccumulationSteps)
+	// Output: go 2 go 4
+}

@@ -190,3 +190,21 @@ func ExampleReducer_State() {
 	// <nil> true 8 bytes
 	// <nil> [0.5 -1]
 }
+
+// The replicated strategy, the default, leaves every rank holding the whole synchronised bucket: each
+// rank owns all of it. A ZeRO-1 strategy would own one shard per rank and reduce-scatter instead.
+func ExampleReplicated() {
+	plan, _ := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 10)}}, 0, 1<<20)
+	reducer := accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithSharding(accumulate.Replicated{}))
+	for rank := range 4 {
+		from, to := reducer.Sharding().Owned(plan.Buckets[0].Size, rank, 4)
+		fmt.Printf("rank %d owns [%d:%d]\n", rank, from, to)
+	}
+	fmt.Println(reducer.Sharding().Name(), reducer.CommHook().Name())
+	// Output:
+	// rank 0 owns [0:10]
+	// rank 1 owns [0:10]
+	// rank 2 owns [0:10]
+	// rank 3 owns [0:10]
+	// replicated identity
+}
