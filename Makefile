@@ -43,10 +43,12 @@ vet: deps-openmpi deps-openblas
 	$(GO) vet -tags $(MPI_TAGS) ./...
 
 # Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries), with
-# the BLAS path; then the compute packages again without it, so the pure-Go path stays tested too.
+# the BLAS path; then the compute packages again without it, so the pure-Go path stays tested too; then the
+# collective engines under the race detector, MPI ranks included (mpirun starts the race-built binary).
 test: deps vet
 	$(GO) test -count=1 -timeout 45m -tags $(TAGS) ./...
 	$(GO) test -count=1 -timeout 10m ./backends/compute/...
+	$(GO) test -count=1 -timeout 10m -race -tags $(MPI_TAGS) ./backends/ ./backends/enginetest/ ./backends/mpi/
 
 # Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch DDP, side by side, and writes
 # docs/benchmarks.md (about ten minutes on 2 cores). Raw samples in benchstat format: bin/bench.txt; results:

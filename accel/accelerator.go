@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	gomlxbackends "github.com/gomlx/gomlx/backends"
@@ -44,20 +45,15 @@ type Accelerator struct {
 // engine (single process, or MPI under mpirun/srun) and the GoMLX compute backend (pure Go unless XLA is
 // asked for or installed).
 func New(opts ...Option) (*Accelerator, error) {
-	cfg := defaultConfig()
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := resolve(os.LookupEnv, opts)
+	if err != nil {
 		return nil, err
 	}
 	a := &Accelerator{cfg: cfg}
 	if err := a.openCommunicator(); err != nil {
 		return nil, err
 	}
-	var err error
-	a.compute, err = compute.New(compute.Config{Backend: cfg.backend, AllowDownloads: cfg.allowDownloads,
-		LocalRank: a.topo.LocalRank, LocalSize: a.topo.LocalSize})
+	a.compute, err = compute.New(cfg.computeConfig(a.topo))
 	if err != nil {
 		err = fmt.Errorf("accel: %w", err)
 		a.closeComm(err)

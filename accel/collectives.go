@@ -7,6 +7,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
+	"github.com/goaccel/goaccel/internal/floats"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -214,17 +215,8 @@ func (a *Accelerator) Reduce(t *tensors.Tensor, op ReduceOp) (*tensors.Tensor, e
 		if reduceErr = a.comm.AllReduceSum(flat); reduceErr != nil || op != Mean {
 			return
 		}
-		n := a.comm.Size()
-		switch f := flat.(type) {
-		case []float32:
-			for i := range f {
-				f[i] /= float32(n)
-			}
-		case []float64:
-			for i := range f {
-				f[i] /= float64(n)
-			}
-		default:
+		n := float64(a.comm.Size())
+		if !floats.Do(flat, divide[float32](n), divide[float64](n)) {
 			reduceErr = fmt.Errorf("accel: mean of %s tensors is not defined; use Sum", t.DType())
 		}
 	})
@@ -235,6 +227,16 @@ func (a *Accelerator) Reduce(t *tensors.Tensor, op ReduceOp) (*tensors.Tensor, e
 		return nil, fmt.Errorf("accel: reduce: %w", err)
 	}
 	return out, nil
+}
+
+// divide divides every element by n, in place.
+func divide[F floats.Float](n float64) func([]F) bool {
+	return func(f []F) bool {
+		for i := range f {
+			f[i] /= F(n)
+		}
+		return true
+	}
 }
 
 // Broadcast overwrites t on every rank with root's value, in place.

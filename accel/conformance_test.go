@@ -284,7 +284,7 @@ func (r linRun) train(acc *accel.Accelerator) (linResult, error) {
 			}
 			micro++
 		}
-		res.StepInCycleAfterEpoch = append(res.StepInCycleAfterEpoch, acc.GradientState().StepInCycle)
+		res.StepInCycleAfterEpoch = append(res.StepInCycleAfterEpoch, acc.GradientState().StepInCycle())
 	}
 	w, err := flatVariable(ctx, "/linear", "w")
 	if err != nil {
@@ -326,16 +326,17 @@ type gradientsView struct {
 	Run   linResult            `json:"run"`
 }
 
-// accelGradientState is accel.GradientState without the loader pointer, for JSON.
+// accelGradientState is the accelerator's gradient state without the loader pointer, for JSON.
 type accelGradientState struct {
 	SyncGradients, EndOfDataloader, Active bool
 	Remainder, StepInCycle                 int
 }
 
-func gradientStateOf(gs accel.GradientState, loader *prepare.DataLoader) accelGradientState {
-	return accelGradientState{SyncGradients: gs.SyncGradients, EndOfDataloader: gs.EndOfDataloader,
-		Active: gs.ActiveDataLoader != nil && gs.ActiveDataLoader == loader, Remainder: gs.Remainder,
-		StepInCycle: gs.StepInCycle}
+func gradientStateOf(acc *accel.Accelerator, loader *prepare.DataLoader) accelGradientState {
+	gs := acc.GradientState()
+	active := acc.ActiveDataLoader()
+	return accelGradientState{SyncGradients: gs.SyncGradients(), EndOfDataloader: gs.EndOfDataloader(),
+		Active: active != nil && active == loader, Remainder: gs.Remainder(), StepInCycle: gs.StepInCycle()}
 }
 
 func weightGradient(model *prepare.Model) ([]float64, error) {
@@ -469,10 +470,10 @@ func gradientsRun(newAcc func(opts ...accel.Option) (*accel.Accelerator, error))
 		return view, err
 	}
 	defer acc.Close()
-	view.Outer = gradientStateOf(acc.GradientState(), nil)
+	view.Outer = gradientStateOf(acc, nil)
 	r := linRun{k: 2, batches: 3, epochs: 1,
 		inside: func(acc *accel.Accelerator, model *prepare.Model, loader *prepare.DataLoader, micro int) error {
-			view.State = append(view.State, gradientStateOf(acc.GradientState(), loader))
+			view.State = append(view.State, gradientStateOf(acc, loader))
 			g, err := weightGradient(model)
 			if err != nil {
 				return err
@@ -520,7 +521,7 @@ func gradientsRun(newAcc func(opts ...accel.Option) (*accel.Accelerator, error))
 		if err != nil {
 			return view, err
 		}
-		view.Tail = gradientStateOf(acc.GradientState(), tail)
+		view.Tail = gradientStateOf(acc, tail)
 	}
 	return view, nil
 }

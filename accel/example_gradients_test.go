@@ -64,13 +64,13 @@ func ExampleAccelerator_GradientState() {
 	err := exampleLoop(acc, 5, func(*prepare.Model, *prepare.Optimizer) error {
 		gs := acc.GradientState()
 		fmt.Printf("step in cycle %d: sync %v, end of loader %v, remainder %d, in a loader %v\n",
-			gs.StepInCycle, gs.SyncGradients, gs.EndOfDataloader, gs.Remainder, gs.ActiveDataLoader != nil)
+			gs.StepInCycle(), gs.SyncGradients(), gs.EndOfDataloader(), gs.Remainder(), acc.ActiveDataLoader() != nil)
 		return nil
 	})
 	if err != nil {
 		fmt.Println(err)
 	}
-	fmt.Println("outside: loader", acc.GradientState().ActiveDataLoader, "remainder", acc.GradientState().Remainder)
+	fmt.Println("outside: loader", acc.ActiveDataLoader(), "remainder", acc.GradientState().Remainder())
 	// Output:
 	// step in cycle 1: sync false, end of loader false, remainder 1, in a loader true
 	// step in cycle 2: sync true, end of loader false, remainder 1, in a loader true

@@ -1,35 +1,21 @@
 package accel
 
 import (
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/prepare"
 )
 
-// GradientState is what the accelerator knows about the current micro-batch, as Accelerate's
-// GradientState: whether it syncs and steps, and where the innermost data loader being iterated is.
-type GradientState struct {
-	// SyncGradients reports whether the current Backward syncs and the optimizer's Step applies.
-	SyncGradients bool
-	// EndOfDataloader reports whether the active loader is yielding its last batch of the epoch.
-	EndOfDataloader bool
-	// Remainder is the number of real examples in the active loader's last round of batches across all
-	// ranks when that round is incomplete (dataset size mod global batch size), 0 when every round is full,
-	// -1 when no loader is active or its length is unknown (a stream).
-	Remainder int
-	// ActiveDataLoader is the innermost data loader being iterated, or nil.
-	ActiveDataLoader *prepare.DataLoader
-	// Steps is K; StepInCycle counts the Accumulate calls since the last sync.
-	Steps, StepInCycle int
-	// SyncEachBatch reports whether every micro-batch is all-reduced (WithSyncEachBatch).
-	SyncEachBatch bool
-}
+// GradientState returns the gradient state the accelerator's models, optimizers and data loaders share,
+// as Accelerate's accelerator.gradient_state: inside Accumulate it describes the running micro-batch —
+// whether it syncs and steps (SyncGradients), K and the place in the cycle (Steps, StepInCycle), and where
+// the innermost data loader being iterated is (EndOfDataloader, Remainder; ActiveDataLoader gives the
+// loader itself). It is the live state, not a copy: read it, and leave changing it to the Accelerator.
+func (a *Accelerator) GradientState() *accumulate.GradientState { return a.state }
 
-// GradientState returns the gradient state now: inside Accumulate it describes the running micro-batch.
-func (a *Accelerator) GradientState() GradientState {
-	gs := GradientState{SyncGradients: a.state.SyncGradients(), EndOfDataloader: a.state.EndOfDataloader(),
-		Remainder: a.state.Remainder(), Steps: a.state.Steps(), StepInCycle: a.state.StepInCycle(),
-		SyncEachBatch: a.state.SyncEachBatch()}
-	gs.ActiveDataLoader, _ = a.state.ActiveLoader().(*prepare.DataLoader)
-	return gs
+// ActiveDataLoader is the innermost prepared data loader being iterated, or nil.
+func (a *Accelerator) ActiveDataLoader() *prepare.DataLoader {
+	l, _ := a.state.ActiveLoader().(*prepare.DataLoader)
+	return l
 }
 
 // ClipGradNorm clips model's synced gradients to a global L2 norm of at most maxNorm and returns their norm

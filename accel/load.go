@@ -16,9 +16,9 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
 
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/replicas"
-	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -104,7 +104,7 @@ type loadPlan struct {
 	skipped []string
 	state   savedState
 	values  []map[*context.Variable]*tensors.Tensor // per model
-	accums  [][]byte                                // per model, this rank's accumulator bytes
+	accums  []accumulate.ReducerState               // per model, this rank's accumulators
 }
 
 func (a *Accelerator) materializeForLoad() error {
@@ -113,7 +113,7 @@ func (a *Accelerator) materializeForLoad() error {
 			continue
 		}
 		loaders := a.checkpointedLoaders()
-		if len(loaders) == 0 || !resume.Loader.Peekable(loaders[0]) {
+		if len(loaders) == 0 || !loaders[0].Peekable() {
 			return fmt.Errorf("accel: loading state: model %d has no weights yet and no data loader to build it "+
 				"from: call model.Materialize with a batch first", i)
 		}
@@ -233,11 +233,15 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 		if err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
+		mine.Accumulating = s.Models[i].Accumulating
+		if err := m.Reducer().CheckRestore(mine); err != nil {
+			return fmt.Errorf("model %d: %w", i, err)
+		}
 		plan.values = append(plan.values, values)
 		plan.accums = append(plan.accums, mine)
 	}
 	for i, l := range a.checkpointedLoaders() {
-		if err := resume.Loader.CheckRestore(l, s.Loaders[i].Epoch, s.Loaders[i].Position); err != nil {
+		if err := l.CheckRestore(s.Loaders[i].state()); err != nil {
 			return fmt.Errorf("data loader %d: %w", i, err)
 		}
 	}
@@ -274,7 +278,7 @@ func (a *Accelerator) compatible(s savedState) error {
 	}
 	for i, o := range a.optimizers {
 		so := s.Optimizers[i]
-		if kind := resume.Optimizer.Kind(o); so.Kind != "" && so.Kind != kind {
+		if kind := o.State().Kind; so.Kind != "" && so.Kind != kind {
 			return fmt.Errorf("optimizer %d is a %s in the checkpoint and a %s in this run: its state cannot be "+
 				"loaded into another optimizer", i, so.Kind, kind)
 		}
@@ -337,20 +341,19 @@ func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Varia
 }
 
 // accumulatorShare checks the size of a gathered accumulator blob and returns this rank's part of it.
-func (a *Accelerator) accumulatorShare(m *prepare.Model, blob []byte) ([]byte, error) {
+func (a *Accelerator) accumulatorShare(m *prepare.Model, blob []byte) (accumulate.ReducerState, error) {
 	size, rank := a.comm.Size(), a.comm.Rank()
-	var mine []byte
+	var mine accumulate.ReducerState
 	offset := 0
-	for _, v := range resume.Model.Accumulators(m) {
-		n := int(v.Shape().Memory())
+	for _, n := range m.Reducer().AccumulatorBytes() {
 		if offset+n*size > len(blob) {
-			return nil, fmt.Errorf("accumulators file is %d bytes, too short for the model", len(blob))
+			return mine, fmt.Errorf("accumulators file is %d bytes, too short for the model", len(blob))
 		}
-		mine = append(mine, blob[offset+rank*n:offset+(rank+1)*n]...)
+		mine.Accumulators = append(mine.Accumulators, blob[offset+rank*n:offset+(rank+1)*n])
 		offset += n * size
 	}
 	if offset != len(blob) {
-		return nil, fmt.Errorf("accumulators file is %d bytes, the model needs %d", len(blob), offset)
+		return mine, fmt.Errorf("accumulators file is %d bytes, the model needs %d", len(blob), offset)
 	}
 	return mine, nil
 }
@@ -364,25 +367,18 @@ func (a *Accelerator) applyLoad(plan *loadPlan) error {
 				return fmt.Errorf("accel: loading state: setting variable %q: %w", v.ScopeAndName(), err)
 			}
 		}
-		offset := 0
-		for _, v := range resume.Model.Accumulators(m) {
-			value, err := v.Value()
-			if err != nil {
-				return fmt.Errorf("accel: loading state: accumulator %q: %w", v.ScopeAndName(), err)
-			}
-			n := int(value.Shape().Memory())
-			if err := value.MutableBytes(func(data []byte) { copy(data, plan.accums[i][offset:offset+n]) }); err != nil {
-				return fmt.Errorf("accel: loading state: accumulator %q: %w", v.ScopeAndName(), err)
-			}
-			offset += n
+		if err := m.Reducer().Restore(plan.accums[i]); err != nil {
+			return fmt.Errorf("accel: loading state: model %d: %w", i, err)
 		}
-		resume.Model.RestoreAccumulation(m, s.Models[i].Accumulating)
 	}
 	for i, o := range a.optimizers {
-		resume.Optimizer.Restore(o, s.Optimizers[i].Steps, s.Optimizers[i].Skipped)
+		so := s.Optimizers[i]
+		if err := o.Restore(prepare.OptimizerState{Steps: so.Steps, Skipped: so.Skipped, Kind: so.Kind}); err != nil {
+			return fmt.Errorf("accel: loading state: optimizer %d: %w", i, err)
+		}
 	}
 	for i, l := range a.checkpointedLoaders() {
-		if err := resume.Loader.Restore(l, s.Loaders[i].Epoch, s.Loaders[i].Position); err != nil {
+		if err := l.Restore(s.Loaders[i].state()); err != nil {
 			return fmt.Errorf("accel: loading state: %w", err)
 		}
 	}

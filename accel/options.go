@@ -30,19 +30,27 @@ type config struct {
 	checkpointLimit   int
 	out               io.Writer
 	trackers          []Tracker
+
+	// backendSource names the environment variable backend came from ("" for a program's option).
+	backendSource string
+	// computeThreads, gradients, matmul and visibleDevices configure the compute backend (compute.Config).
+	computeThreads int
+	gradients      string
+	matmul         string
+	convolutions   string
+	visibleDevices string
 }
 
-// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true.
+// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true (read with
+// the other variables by OptionsFromEnv).
 const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
 
 func defaultConfig() config {
-	check := os.Getenv(CheckReplicasEnvVar)
 	return config{
 		accumulationSteps: 1,
 		bucketCapMB:       float64(accumulate.DefaultBucketCapBytes) / (1 << 20),
 		seed:              42,
 		out:               os.Stdout,
-		checkReplicas:     check == "1" || check == "true",
 	}
 }
 
@@ -56,6 +64,9 @@ func (c config) validate() error {
 	if c.timeout < 0 {
 		return fmt.Errorf("accel: collective timeout must not be negative, got %s", c.timeout)
 	}
+	if c.computeThreads < 0 {
+		return fmt.Errorf("accel: compute threads must not be negative, got %d", c.computeThreads)
+	}
 	return nil
 }
 
@@ -65,28 +76,52 @@ func WithGradientAccumulationSteps(k int) Option {
 	return func(c *config) { c.accumulationSteps = k }
 }
 
-// WithSyncEachBatch makes Accumulate all-reduce every micro-batch's gradients as soon as they exist, while
-// the optimizer still steps every K-th micro-batch (Accelerate's sync_each_batch). The weights are those of
-// plain accumulation, up to float rounding; it costs K all-reduces per step instead of one, for a user
-// whose micro-batches are bounded by memory and who would rather overlap communication with each backward.
+// WithSyncEachBatch makes Accumulate all-reduce every micro-batch's gradients once its training step has
+// returned, while the optimizer still steps every K-th micro-batch (Accelerate's sync_each_batch). The
+// weights are those of plain accumulation, up to float rounding; it costs K all-reduces per step instead
+// of one. The all-reduce does not overlap the backward pass: it starts after the whole compiled step, as
+// every sync does (see the reducer, docs/semantics.md section 10).
 func WithSyncEachBatch() Option { return func(c *config) { c.syncEachBatch = true } }
 
 // WithSplitBatches makes the batch size given to PrepareDataLoader global: each of N processes takes 1/N of
 // it (Accelerate's split_batches; see prepare.SplitBatches). By default the batch size is per process.
 func WithSplitBatches() Option { return func(c *config) { c.splitBatches = true } }
 
-// WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). Smaller buckets start
-// communicating earlier; larger ones pay per-call overheads less often.
+// WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). With smaller buckets
+// more of a sync's device-to-host copies overlap the reduction of the buckets before them; larger ones pay
+// per-call overheads less often.
 func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB = mb } }
 
 // WithSeed sets the seed data loaders shuffle with (default 42). Every rank must use the same seed.
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }
 
 // WithBackend names the GoMLX compute backend configuration ("go", "xla:cpu", "xla:cuda"). By default
-// GOMLX_BACKEND decides, else XLA if a PJRT plugin is installed, else the pure-Go backend.
+// GOMLX_BACKEND decides (read by OptionsFromEnv), else XLA if a PJRT plugin is installed, else the pure-Go
+// backend.
 func WithBackend(backendConfig string) Option {
-	return func(c *config) { c.backend = backendConfig }
+	return func(c *config) { c.backend, c.backendSource = backendConfig, "" }
 }
+
+// WithGradientKernels chooses the gradients of matrix multiplications and convolutions: "gemm" (the
+// default) builds them as matrix multiplications the pure-Go backend runs fast, "gomlx" keeps GoMLX's own.
+// GOACCEL_GRADIENTS sets it too (compute.GradientsEnvVar).
+func WithGradientKernels(kind string) Option { return func(c *config) { c.gradients = kind } }
+
+// WithMatmul chooses the pure-Go backend's matrix multiplication: "blas" (the default in a build with the
+// blas tag) runs it on OpenBLAS, "go" keeps the backend's own kernel. GOACCEL_MATMUL sets it too
+// (compute.MatmulEnvVar).
+func WithMatmul(kind string) Option { return func(c *config) { c.matmul = kind } }
+
+// WithConvolutions chooses how the pure-Go backend convolves and pools: "kernel" (the default) runs
+// convolutions as im2col + gemm and pooling as window walks, with gradients built as convolutions;
+// "graph" lowers both into slices and dots in the graph, as earlier versions did (for comparisons).
+// GOACCEL_CONV sets it too (compute.ConvEnvVar).
+func WithConvolutions(kind string) Option { return func(c *config) { c.convolutions = kind } }
+
+// WithComputeThreads sets the compute threads of this process (its BLAS threads; with 1 the pure-Go
+// backend runs a graph's operations one after another). By default the node's cores divided by the
+// processes on it. GOACCEL_BLAS_THREADS sets it too (compute.ThreadsEnvVar).
+func WithComputeThreads(n int) Option { return func(c *config) { c.computeThreads = n } }
 
 // WithPluginDownloads lets GoMLX download PJRT plugins at run time (off by default).
 func WithPluginDownloads() Option { return func(c *config) { c.allowDownloads = true } }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/goaccel/goaccel/internal/replicas"
-	"github.com/goaccel/goaccel/internal/resume"
 )
 
 // settings are what every rank must share for the ranks to train one model together. A rank with another
@@ -31,7 +30,7 @@ func (a *Accelerator) settings() []replicas.Setting {
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())})
 	}
 	for i, o := range a.optimizers {
-		s = append(s, replicas.Setting{Name: fmt.Sprintf("optimizer %d's configuration", i), Value: resume.Optimizer.Describe(o)})
+		s = append(s, replicas.Setting{Name: fmt.Sprintf("optimizer %d's configuration", i), Value: o.Describe()})
 	}
 	return s
 }

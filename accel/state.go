@@ -2,6 +2,7 @@ package accel
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +13,6 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
-	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -65,6 +65,10 @@ type savedLoader struct {
 	Batches   int `json:"batches,omitempty"`
 }
 
+func (l savedLoader) state() prepare.LoaderState {
+	return prepare.LoaderState{Epoch: l.Epoch, Position: l.Position}
+}
+
 // WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default: keep all).
 func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLimit = n } }
 
@@ -80,7 +84,7 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	if err := a.checkOpen(); err != nil {
 		return "", err
 	}
-	state, err := a.currentState()
+	state, reducers, err := a.currentState()
 	if err != nil {
 		return "", err
 	}
@@ -88,7 +92,7 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	// small next to the model, so the layout stays the same whatever the position.
 	accumulators := make([][]byte, len(a.models))
 	for i, m := range a.models {
-		if accumulators[i], err = a.gatherAccumulators(m); err != nil {
+		if accumulators[i], err = a.gatherAccumulators(m, reducers[i]); err != nil {
 			return "", fmt.Errorf("accel: saving state: %w", err)
 		}
 	}
@@ -111,23 +115,30 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	return path, nil
 }
 
-func (a *Accelerator) currentState() (savedState, error) {
+// currentState is what state.json will hold, and each model's reducer state (this rank's accumulators).
+func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, error) {
 	s := savedState{Format: stateFormat, WorldSize: a.WorldSize(), AccumulationSteps: a.state.Steps(),
 		SyncEachBatch: a.state.SyncEachBatch(), BucketCapMB: a.cfg.bucketCapMB, Seed: a.cfg.seed,
 		Backend: a.compute.Name(), Gradient: a.state.Position()}
 	if a.IsMainProcess() {
 		s.LogRecords = a.logRecords
 	}
+	var reducers []accumulate.ReducerState
 	for i, m := range a.models {
 		if !m.Materialized() {
-			return s, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
+			return s, nil, fmt.Errorf("accel: saving state: model %d has no weights yet (run a step first)", i)
 		}
-		if resume.Model.PendingSync(m) {
-			return s, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; save "+
-				"after the optimizer's Step", i)
+		rs, err := m.Reducer().State()
+		if errors.Is(err, accumulate.ErrSyncedNotApplied) {
+			return s, nil, fmt.Errorf("accel: saving state: model %d has synced gradients that were not applied; "+
+				"save after the optimizer's Step", i)
 		}
+		if err != nil {
+			return s, nil, fmt.Errorf("accel: saving state: model %d: %w", i, err)
+		}
+		reducers = append(reducers, rs)
 		s.Models = append(s.Models, savedModel{Dir: fmt.Sprintf("model-%d", i), Plan: m.Plan().Signature(),
-			Accumulating: a.state.MicroBatchesSinceSync() > 0})
+			Accumulating: rs.Accumulating})
 	}
 	for _, o := range a.optimizers {
 		idx := -1
@@ -136,14 +147,15 @@ func (a *Accelerator) currentState() (savedState, error) {
 				idx = i
 			}
 		}
-		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: o.Steps(), Skipped: o.SkippedSteps(),
-			Kind: resume.Optimizer.Kind(o)})
+		os := o.State()
+		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: os.Steps, Skipped: os.Skipped,
+			Kind: os.Kind})
 	}
 	for _, l := range a.checkpointedLoaders() {
 		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position(), BatchSize: l.BatchSize(),
 			Batches: l.Len()})
 	}
-	return s, nil
+	return s, reducers, nil
 }
 
 // checkpointedLoaders are the prepared loaders whose positions checkpoints hold, in order.
@@ -161,7 +173,7 @@ func (a *Accelerator) checkpointedLoaders() []*prepare.DataLoader {
 func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte) error {
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
-		if err := saveVariables(m.Context(), modelDir, resume.Model.Accumulators(m)); err != nil {
+		if err := saveVariables(m.Context(), modelDir, m.Reducer().Accumulators()); err != nil {
 			return err
 		}
 		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {
@@ -199,23 +211,13 @@ func recoverInto(err *error, what string) {
 
 // gatherAccumulators returns, on the main process, every rank's accumulator bytes (bucket by bucket, rank
 // by rank); on other ranks nil.
-func (a *Accelerator) gatherAccumulators(m *prepare.Model) ([]byte, error) {
+func (a *Accelerator) gatherAccumulators(m *prepare.Model, state accumulate.ReducerState) ([]byte, error) {
 	var blob []byte
 	size := a.comm.Size()
-	for _, v := range resume.Model.Accumulators(m) {
-		value, err := v.Value()
-		if err != nil {
-			return nil, err
-		}
-		n := int(value.Shape().Memory())
-		all := make([]byte, n*size)
-		var gatherErr error
-		err = value.ConstBytes(func(data []byte) { gatherErr = a.comm.AllGather(data, all) })
-		if err == nil {
-			err = gatherErr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("gathering accumulator %q: %w", v.ScopeAndName(), err)
+	for b, data := range state.Accumulators {
+		all := make([]byte, len(data)*size)
+		if err := a.comm.AllGather(data, all); err != nil {
+			return nil, fmt.Errorf("gathering accumulator %q: %w", m.Reducer().Accumulators()[b].ScopeAndName(), err)
 		}
 		if a.IsMainProcess() {
 			blob = append(blob, all...)

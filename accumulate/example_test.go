@@ -5,8 +5,11 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
 )
 
 // A two-layer model's parameters, in the order the model created them. The plan walks them backwards —
@@ -54,13 +57,7 @@ func ExampleGradientState() {
 	for i := 1; i <= batches; i++ {
 		state.SetEndOfDataloader(i == batches) // the data loader does this
 		_ = state.Accumulate(func() error {
-			state.RecordMicroBatch(state.MicroBatchScale()) // the model's Backward does this
-			fmt.Printf("call %d: scale %.2f, sync %v", i, state.MicroBatchScale(), state.SyncGradients())
-			if state.SyncGradients() {
-				fmt.Printf(", correction %.0f", state.SyncCorrection())
-				state.ResetMicroBatches()
-			}
-			fmt.Println()
+			fmt.Printf("call %d: scale %.2f, sync %v\n", i, state.MicroBatchScale(), state.SyncGradients())
 			return nil
 		})
 	}
@@ -69,9 +66,9 @@ func ExampleGradientState() {
 	// call 1: scale 0.25, sync false
 	// call 2: scale 0.25, sync false
 	// call 3: scale 0.25, sync false
-	// call 4: scale 0.25, sync true, correction 1
+	// call 4: scale 0.25, sync true
 	// call 5: scale 0.25, sync false
-	// call 6: scale 0.25, sync true, correction 2
+	// call 6: scale 0.25, sync true
 }
 
 // An evaluation loop inside the training loop enters its own loader: while it runs it decides the
@@ -98,19 +95,116 @@ func ExampleGradientState_EnterLoader() {
 	// after the loops: <nil> -1
 }
 
-// With SyncEachBatch every micro-batch inside Accumulate is all-reduced (ReduceThisStep), but the
-// optimizer still steps only every K-th (SyncGradients).
-func ExampleGradientState_ReduceThisStep() {
+// With SyncEachBatch the reducer all-reduces every micro-batch inside Accumulate (its sync count grows on
+// every call), but the optimizer still steps only every K-th (SyncGradients).
+func ExampleGradientState_SyncEachBatch() {
 	state, _ := accumulate.NewGradientState(2, true)
+	plan, _ := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 1)}}, 0, 1<<20)
+	acc := context.New().VariableWithValue("bucket_000", []float32{0})
+	reducer := accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithGradientState(state),
+		accumulate.WithAccumulators([]*context.Variable{acc}))
 	for i := 1; i <= 4; i++ {
 		_ = state.Accumulate(func() error {
-			fmt.Printf("call %d: all-reduce %v, step %v\n", i, state.ReduceThisStep(), state.SyncGradients())
+			if err := reducer.EndMicroBatch(state.MicroBatchScale(), 0.5); err != nil {
+				return err
+			}
+			fmt.Printf("call %d: syncs so far %d, step %v\n", i, reducer.Syncs(), state.SyncGradients())
+			if reducer.ReadyToApply() {
+				reducer.Applied() // the optimizer's Step does this
+			}
 			return nil
 		})
 	}
 	// Output:
-	// call 1: all-reduce true, step false
-	// call 2: all-reduce true, step true
-	// call 3: all-reduce true, step false
-	// call 4: all-reduce true, step true
+	// call 1: syncs so far 1, step false
+	// call 2: syncs so far 2, step true
+	// call 3: syncs so far 3, step false
+	// call 4: syncs so far 4, step true
+}
+
+// loggingHook is a communication hook that reports each bucket and reduces it unchanged: a compressing hook
+// would encode b.Buffer into a narrower buffer here and decode it in the returned waiter's Wait.
+type loggingHook struct{}
+
+func (loggingHook) Name() string { return "logging" }
+
+func (loggingHook) Start(comm *backends.Communicator, sharding accumulate.Sharding, b accumulate.GradBucket) (accumulate.Waiter, error) {
+	fmt.Printf("bucket %d: %d %s elements\n", b.Index, b.Buffer.Len, b.Buffer.Kind)
+	return accumulate.IdentityHook{}.Start(comm, sharding, b)
+}
+
+// A reducer registered with a communication hook hands it every bucket of a sync, in plan order.
+func ExampleWithCommHook() {
+	plan, err := accumulate.NewPlan([]accumulate.Param{
+		{Name: "w", Shape: shapes.Make(dtypes.Float32, 3)},
+		{Name: "b", Shape: shapes.Make(dtypes.Float64, 2)},
+	}, 0, 1<<20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	comms, err := backends.NewInProcessGroup(2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	buckets := func() []*tensors.Tensor {
+		return []*tensors.Tensor{tensors.FromValue([]float64{1, 2}), tensors.FromValue([]float32{1, 2, 3})}
+	}
+	mine, theirs := buckets(), buckets()
+	done := make(chan error)
+	go func() { done <- accumulate.NewReducer(comms[1], plan).Sync(theirs) }()
+	err = accumulate.NewReducer(comms[0], plan, accumulate.WithCommHook(loggingHook{})).Sync(mine)
+	fmt.Println(err, <-done, tensors.MustCopyFlatData[float32](mine[1]))
+	// Output:
+	// bucket 0: 2 float64 elements
+	// bucket 1: 3 float32 elements
+	// <nil> <nil> [2 4 6]
+}
+
+// A reducer's State is what a checkpoint keeps of it: this rank's partial sums, bucket by bucket, and
+// whether they hold an unfinished accumulation cycle. Restore puts them back.
+func ExampleReducer_State() {
+	plan, err := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 2)}}, 0, 1<<20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	newReducer := func() (*accumulate.Reducer, *accumulate.GradientState, *context.Variable) {
+		state, _ := accumulate.NewGradientState(2, false)
+		acc := context.New().VariableWithValue("bucket_000", []float32{0, 0})
+		return accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithGradientState(state),
+			accumulate.WithAccumulators([]*context.Variable{acc})), state, acc
+	}
+	reducer, state, acc := newReducer()
+	_ = state.Accumulate(func() error {
+		_ = acc.SetValue(tensors.FromValue([]float32{0.5, -1})) // the training step does this
+		return reducer.EndMicroBatch(state.MicroBatchScale(), 0.1)
+	})
+	saved, err := reducer.State()
+	fmt.Println(err, saved.Accumulating, len(saved.Accumulators[0]), "bytes")
+
+	restored, _, restoredAcc := newReducer()
+	fmt.Println(restored.Restore(saved), tensors.MustCopyFlatData[float32](must(restoredAcc.Value())))
+	// Output:
+	// <nil> true 8 bytes
+	// <nil> [0.5 -1]
+}
+
+// The replicated strategy, the default, leaves every rank holding the whole synchronised bucket: each
+// rank owns all of it. A ZeRO-1 strategy would own one shard per rank and reduce-scatter instead.
+func ExampleReplicated() {
+	plan, _ := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 10)}}, 0, 1<<20)
+	reducer := accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithSharding(accumulate.Replicated{}))
+	for rank := range 4 {
+		from, to := reducer.Sharding().Owned(plan.Buckets[0].Size, rank, 4)
+		fmt.Printf("rank %d owns [%d:%d]\n", rank, from, to)
+	}
+	fmt.Println(reducer.Sharding().Name(), reducer.CommHook().Name())
+	// Output:
+	// rank 0 owns [0:10]
+	// rank 1 owns [0:10]
+	// rank 2 owns [0:10]
+	// rank 3 owns [0:10]
+	// replicated identity
 }

@@ -1,6 +1,7 @@
 // Package accumulate decides when gradients are synchronised and how: the GradientState that turns calls
 // of Accumulate and NoSync into a sync flag, the bucket Plan that lays gradients out in flat accumulators,
-// and the Reducer that all-reduces those buckets.
+// and the Reducer that owns those accumulators and their synchronisation, through a CommHook and a
+// Sharding strategy (docs/semantics.md, section 10).
 //
 // Accumulators are the buckets: every micro-batch adds its flattened gradients straight into one flat
 // variable per bucket, so a sync hands whole buckets to the collective engine without packing them.
@@ -15,9 +16,10 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 )
 
-// DefaultFirstBucketBytes is the size of the first bucket. It is small (as in torch DDP) because the
-// first bucket holds the last layers, whose gradients are ready first: a small bucket starts communication
-// early.
+// DefaultFirstBucketBytes is the size of the first bucket. The first bucket holds the last layers, whose
+// gradients backward produces first; torch DDP keeps it small so that its all-reduce can start while
+// backward goes on. Here every sync starts after the whole compiled step returns, so the size only shapes
+// the layout; it is kept so that a sync overlapping backward can use the same plan.
 const DefaultFirstBucketBytes = 1 << 20
 
 // DefaultBucketCapBytes is the default cap on later buckets (25 MB, DDP's default).

@@ -1,25 +1,73 @@
 package accumulate
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"runtime"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
 
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/internal/floats"
 )
 
-// Reducer all-reduces a plan's bucket accumulators across ranks.
+// Reducer owns the synchronisation of one model's gradients: the bucket accumulators, the decision (from
+// the GradientState) of which micro-batches sync, what happened since the last optimizer step (synced,
+// dirty, the averaging scale, a non-finite loss), and the communication itself, which goes through a
+// CommHook and a Sharding strategy. The prepared model runs executables and tells the reducer about each
+// micro-batch; the optimizer asks the reducer whether there is something to apply and with which scale;
+// checkpoints read and restore it through State and Restore.
+//
+// A reducer made without WithGradientState and WithAccumulators only syncs the buckets it is given (Sync):
+// what benchmarks of the communication alone use.
 type Reducer struct {
-	comm *backends.Communicator
-	plan Plan
+	comm     *backends.Communicator
+	plan     Plan
+	hook     CommHook
+	sharding Sharding
+
+	state        *GradientState
+	accumulators []*context.Variable
 
 	syncs int64
+	// synced is set when the accumulators hold all-reduced gradients not yet applied; scale is the factor
+	// (1/world size, times the short-cycle correction) that turns them into the mean.
+	synced bool
+	scale  float64
+	// dirty is set when the accumulators may hold non-zero values.
+	dirty bool
+	// nonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank.
+	nonFinite bool
+}
+
+// ReducerOption configures a Reducer.
+type ReducerOption func(*Reducer)
+
+// WithCommHook sets the hook that carries buckets between ranks (default IdentityHook).
+func WithCommHook(h CommHook) ReducerOption { return func(r *Reducer) { r.hook = h } }
+
+// WithSharding sets the sharding strategy (default Replicated).
+func WithSharding(s Sharding) ReducerOption { return func(r *Reducer) { r.sharding = s } }
+
+// WithGradientState makes the reducer follow state's decisions of when to sync.
+func WithGradientState(state *GradientState) ReducerOption {
+	return func(r *Reducer) { r.state = state }
+}
+
+// WithAccumulators gives the reducer the model's bucket accumulators, one flat variable per plan bucket.
+func WithAccumulators(vars []*context.Variable) ReducerOption {
+	return func(r *Reducer) { r.accumulators = vars }
 }
 
 // NewReducer returns a reducer for plan over comm.
-func NewReducer(comm *backends.Communicator, plan Plan) *Reducer {
-	return &Reducer{comm: comm, plan: plan}
+func NewReducer(comm *backends.Communicator, plan Plan, opts ...ReducerOption) *Reducer {
+	r := &Reducer{comm: comm, plan: plan, hook: IdentityHook{}, sharding: Replicated{}}
+	for _, opt := range opts {
+		opt(r)
+	}
+	return r
 }
 
 // Plan is the bucket plan this reducer serves.
@@ -28,10 +76,196 @@ func (r *Reducer) Plan() Plan { return r.plan }
 // Syncs is the number of syncs performed.
 func (r *Reducer) Syncs() int64 { return r.syncs }
 
-// Sync sums the buckets across ranks, in place. buckets[i] is bucket i's flat accumulator. Each bucket's
-// all-reduce starts as soon as that bucket is on the host, so fetching bucket i+1 (a device-to-host copy on
-// an accelerator) overlaps the reduction of bucket i. Averaging is left to the caller, which folds the
-// 1/world-size factor into the optimizer's update graph instead of another pass over the bytes.
+// CommHook is the hook that carries buckets between ranks.
+func (r *Reducer) CommHook() CommHook { return r.hook }
+
+// Sharding is the sharding strategy.
+func (r *Reducer) Sharding() Sharding { return r.sharding }
+
+// Accumulators are the bucket accumulators (nil without WithAccumulators). They are per-rank: a checkpoint
+// taken mid-cycle must keep every rank's.
+func (r *Reducer) Accumulators() []*context.Variable { return r.accumulators }
+
+// Synced reports whether the accumulators hold synchronised gradients that were not applied yet.
+func (r *Reducer) Synced() bool { return r.synced }
+
+// Scale is the factor that turns the synchronised sums into the mean gradient (valid while Synced).
+func (r *Reducer) Scale() float64 { return r.scale }
+
+// ReadyToApply reports whether the optimizer step that follows applies gradients: the current Backward
+// synced, and the synced gradients were not applied or cleared yet.
+func (r *Reducer) ReadyToApply() bool { return r.state != nil && r.state.SyncGradients() && r.synced }
+
+var errNotForModel = errors.New("accumulate: the reducer was made without a gradient state and accumulators")
+
+func (r *Reducer) forModel() error {
+	if r.state == nil || len(r.accumulators) != len(r.plan.Buckets) {
+		return errNotForModel
+	}
+	return nil
+}
+
+// BeginMicroBatch is called before a micro-batch's gradients are added to the accumulators. It reports
+// whether this micro-batch syncs (and so whether the optimizer step after it applies).
+func (r *Reducer) BeginMicroBatch() (syncs bool, err error) {
+	if err := r.forModel(); err != nil {
+		return false, err
+	}
+	if r.synced {
+		return false, errors.New("accumulate: Backward after a sync whose gradients were not applied: call the " +
+			"optimizer's Step (or ZeroGrad) first")
+	}
+	return r.state.SyncGradients(), nil
+}
+
+// EndMicroBatch is called once a micro-batch's gradients, multiplied by scale, were added to the
+// accumulators, with the micro-batch's loss on this rank. It synchronises when the gradient state says
+// so: a sync when this micro-batch steps, an all-reduce that does not step with sync-each-batch.
+func (r *Reducer) EndMicroBatch(scale, loss float64) error {
+	if err := r.forModel(); err != nil {
+		return err
+	}
+	r.dirty = true
+	r.state.recordMicroBatch(scale)
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		r.nonFinite = true
+	}
+	switch {
+	case r.state.SyncGradients():
+		return r.sync()
+	case r.state.reduceThisStep():
+		return r.reduceMicroBatch()
+	}
+	return nil
+}
+
+// Applied records that the optimizer applied the synced gradients (and zeroed the accumulators in its
+// update graph).
+func (r *Reducer) Applied() { r.synced, r.dirty = false, false }
+
+// ZeroGrad clears the accumulators, except on micro-batches that do not sync, where it does nothing (as the
+// optimizer's Step), so that the same loop body works with and without accumulation.
+func (r *Reducer) ZeroGrad() error {
+	if r.state == nil || !r.state.SyncGradients() {
+		return nil
+	}
+	return r.Clear()
+}
+
+// Clear zeroes the accumulators on the host (cheaper than a compiled step, and off the hot path: the
+// optimizer's update zeroes them itself) and forgets what happened since the last step.
+func (r *Reducer) Clear() error {
+	if err := r.forModel(); err != nil {
+		return err
+	}
+	if r.dirty || r.synced {
+		for _, v := range r.accumulators {
+			if err := v.SetValue(tensors.FromShape(v.Shape())); err != nil {
+				return fmt.Errorf("accumulate: clearing accumulator %q: %w", v.ScopeAndName(), err)
+			}
+		}
+	}
+	r.dirty, r.synced, r.nonFinite = false, false, false
+	r.state.ResetMicroBatches()
+	return nil
+}
+
+// Finite scans the accumulators on the host and reports whether every value is finite.
+func (r *Reducer) Finite() (bool, error) {
+	for _, v := range r.accumulators {
+		t, err := v.Value()
+		if err != nil {
+			return false, err
+		}
+		finite := true
+		err = t.ConstFlatData(func(flat any) {
+			finite = floats.Do(flat, allFinite[float32], allFinite[float64])
+		})
+		if err != nil || !finite {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+func allFinite[F floats.Float](x []F) bool {
+	for _, v := range x {
+		if v-v != 0 { // NaN or ±Inf
+			return false
+		}
+	}
+	return true
+}
+
+// bucketTensors are the accumulators' current values.
+func (r *Reducer) bucketTensors() ([]*tensors.Tensor, error) {
+	buckets := make([]*tensors.Tensor, len(r.accumulators))
+	for b, v := range r.accumulators {
+		t, err := v.Value()
+		if err != nil {
+			return nil, fmt.Errorf("accumulate: accumulator %d: %w", b, err)
+		}
+		buckets[b] = t
+	}
+	return buckets, nil
+}
+
+// reduce sums the accumulators across ranks, in place.
+func (r *Reducer) reduce() error {
+	buckets, err := r.bucketTensors()
+	if err != nil {
+		return err
+	}
+	if r.nonFinite {
+		// A NaN loss on one rank must stop the step on every rank: poisoning the sum makes every rank see a
+		// non-finite synced gradient, the same decision everywhere without another collective.
+		poisonFirstElement(buckets[0])
+		r.nonFinite = false
+	}
+	return r.Sync(buckets)
+}
+
+// sync reduces the accumulators and records the factor that turns their sum into the mean.
+func (r *Reducer) sync() error {
+	if err := r.reduce(); err != nil {
+		return err
+	}
+	r.synced = true
+	r.scale = r.state.syncCorrection() / float64(r.comm.Size())
+	r.state.ResetMicroBatches()
+	return nil
+}
+
+// reduceMicroBatch all-reduces a micro-batch that does not step (sync each batch). The accumulators then
+// hold the ranks' sum, identical on every rank; dividing it by the world size leaves each rank holding one
+// N-th of it, so the next all-reduce, which adds every rank's share back, counts it exactly once beside
+// the new micro-batch's gradients. The scale is applied on the host: the accumulators are there already
+// after the all-reduce, and a power-of-two world size divides exactly.
+func (r *Reducer) reduceMicroBatch() error {
+	if err := r.reduce(); err != nil {
+		return err
+	}
+	size := r.comm.Size()
+	if size == 1 {
+		return nil
+	}
+	for b, v := range r.accumulators {
+		t, err := v.Value()
+		if err != nil {
+			return fmt.Errorf("accumulate: accumulator %d: %w", b, err)
+		}
+		if err := t.MutableFlatData(func(flat any) { floats.Scale(flat, 1/float64(size)) }); err != nil {
+			return fmt.Errorf("accumulate: accumulator %d: %w", b, err)
+		}
+	}
+	return nil
+}
+
+// Sync sums the buckets across ranks, in place, through the comm hook and the sharding strategy. buckets[i]
+// is bucket i's flat accumulator. Each bucket's communication starts as soon as that bucket is on the host,
+// so fetching bucket i+1 (a device-to-host copy on an accelerator) overlaps the reduction of bucket i.
+// Averaging is left to the caller, which folds the 1/world-size factor into the optimizer's update graph
+// instead of another pass over the bytes.
 //
 // At world size 1 the sum is the identity and no engine call is made, but the sync is still counted: one
 // sync per optimizer step is an invariant users check.
@@ -40,7 +274,7 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 		return fmt.Errorf("accumulate: %d bucket tensors for a plan of %d buckets", len(buckets), len(r.plan.Buckets))
 	}
 	if r.comm.Size() > 1 {
-		pending := make([]*backends.Pending, 0, len(buckets))
+		pending := make([]Waiter, 0, len(buckets))
 		waitAll := func() error {
 			var firstErr error
 			for _, p := range pending {
@@ -51,12 +285,12 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 			return firstErr
 		}
 		for i, t := range buckets {
-			flat, err := hostFlat(t)
+			buf, err := hostBuffer(t)
 			if err != nil {
 				_ = waitAll()
 				return fmt.Errorf("accumulate: bucket %d: %w", i, err)
 			}
-			p, err := r.comm.AllReduceSumAsync(flat)
+			p, err := r.hook.Start(r.comm, r.sharding, GradBucket{Index: i, Layout: r.plan.Buckets[i], Buffer: buf})
 			if err != nil {
 				_ = waitAll()
 				return fmt.Errorf("accumulate: all-reduce of bucket %d (%d bytes): %w", i, r.plan.Buckets[i].Bytes(), err)
@@ -73,13 +307,22 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 	return nil
 }
 
+// hostBuffer is hostFlat classified for the engines.
+func hostBuffer(t *tensors.Tensor) (backends.Buffer, error) {
+	flat, err := hostFlat(t)
+	if err != nil {
+		return backends.Buffer{}, err
+	}
+	return backends.Elements(flat)
+}
+
 // hostFlat returns the tensor's flat storage on the host, for the engine to reduce in place.
 //
 // On a backend whose buffers are host memory (the pure-Go backend, XLA on CPU) a tensor that lives only in
 // its device buffer is reduced right there: BufferData is that buffer's memory, so the sum lands where the
 // next graph execution reads it. Going through MutableFlatData instead would copy the buffer into a new
-// host slice and upload it again on the next use: for the demo's MLP, 400 KB allocated per sync, which
-// was 40% of its training garbage and made the collector's heap grow onto fresh pages.
+// host slice and upload it again on the next use, a fresh allocation per bucket per sync (docs/notes.md,
+// Note [in-place bucket sums]).
 //
 // Anywhere else MutableFlatData brings the data to the host (a device-to-host copy on an accelerator) and
 // marks the device copy stale, so the reduced values are uploaded again when next used. Either way the
@@ -100,4 +343,98 @@ func hostFlat(t *tensors.Tensor) (any, error) {
 		return nil, err
 	}
 	return flat, nil
+}
+
+// poisonFirstElement writes NaN into the first element of a float bucket.
+func poisonFirstElement(t *tensors.Tensor) {
+	_ = t.MutableFlatData(func(flat any) {
+		floats.Do(flat, poisonFirst[float32], poisonFirst[float64])
+	})
+}
+
+func poisonFirst[F floats.Float](x []F) bool {
+	if len(x) > 0 {
+		x[0] = F(math.NaN())
+	}
+	return true
+}
+
+// ReducerState is what a checkpoint keeps of a reducer: this rank's partial sums, bucket by bucket, and
+// whether they hold a partial accumulation cycle.
+type ReducerState struct {
+	// Accumulators are the raw bytes of each bucket's accumulator on this rank.
+	Accumulators [][]byte
+	// Accumulating says the accumulators hold micro-batches of an unfinished cycle.
+	Accumulating bool
+}
+
+// ErrSyncedNotApplied is State's error when the accumulators hold synchronised gradients that the
+// optimizer has not applied: such a state would be applied twice, or not at all, after a resume.
+var ErrSyncedNotApplied = errors.New("accumulate: synced gradients were not applied; save after the optimizer's Step")
+
+// State returns the reducer's checkpointable state.
+func (r *Reducer) State() (ReducerState, error) {
+	if err := r.forModel(); err != nil {
+		return ReducerState{}, err
+	}
+	if r.synced {
+		return ReducerState{}, ErrSyncedNotApplied
+	}
+	s := ReducerState{Accumulating: r.state.MicroBatchesSinceSync() > 0}
+	for _, v := range r.accumulators {
+		t, err := v.Value()
+		if err != nil {
+			return s, fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
+		}
+		var data []byte
+		if err := t.ConstBytes(func(b []byte) { data = append([]byte(nil), b...) }); err != nil {
+			return s, fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
+		}
+		s.Accumulators = append(s.Accumulators, data)
+	}
+	return s, nil
+}
+
+// AccumulatorBytes is the size in bytes of each bucket's accumulator, what State's Accumulators hold.
+func (r *Reducer) AccumulatorBytes() []int {
+	sizes := make([]int, len(r.plan.Buckets))
+	for b, bucket := range r.plan.Buckets {
+		sizes[b] = bucket.Bytes()
+	}
+	return sizes
+}
+
+// CheckRestore returns the error Restore would return for s, without changing anything.
+func (r *Reducer) CheckRestore(s ReducerState) error {
+	if err := r.forModel(); err != nil {
+		return err
+	}
+	sizes := r.AccumulatorBytes()
+	if len(s.Accumulators) != len(sizes) {
+		return fmt.Errorf("accumulate: %d saved accumulators for a plan of %d buckets", len(s.Accumulators), len(sizes))
+	}
+	for b, data := range s.Accumulators {
+		if len(data) != sizes[b] {
+			return fmt.Errorf("accumulate: saved accumulator %d has %d bytes, the bucket needs %d", b, len(data), sizes[b])
+		}
+	}
+	return nil
+}
+
+// Restore sets the accumulators to s's partial sums and marks them as holding a partial cycle (or not).
+func (r *Reducer) Restore(s ReducerState) error {
+	if err := r.CheckRestore(s); err != nil {
+		return err
+	}
+	for b, v := range r.accumulators {
+		value, err := v.Value()
+		if err != nil {
+			return fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
+		}
+		if err := value.MutableBytes(func(data []byte) { copy(data, s.Accumulators[b]) }); err != nil {
+			return fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
+		}
+	}
+	r.dirty, r.synced, r.nonFinite = s.Accumulating, false, false
+	return nil
 }

@@ -1,12 +1,15 @@
 package accumulate_test
 
 import (
+	"math"
 	"sync"
 	"testing"
 
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -64,4 +67,207 @@ func TestReducerSync(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countingHook records the buckets it carries and carries them as the identity hook does.
+type countingHook struct {
+	mu      sync.Mutex
+	buckets []accumulate.GradBucket
+}
+
+func (h *countingHook) Name() string { return "counting" }
+
+func (h *countingHook) Start(comm *backends.Communicator, sharding accumulate.Sharding, b accumulate.GradBucket) (accumulate.Waiter, error) {
+	h.mu.Lock()
+	h.buckets = append(h.buckets, b)
+	h.mu.Unlock()
+	return accumulate.IdentityHook{}.Start(comm, sharding, b)
+}
+
+// TestReducerCommHook: every bucket of a sync goes through the registered hook, in plan order, with its
+// layout and its host buffer; what the hook leaves in the buffer is the sync's result.
+func TestReducerCommHook(t *testing.T) {
+	const ranks = 2
+	plan, err := accumulate.NewPlan([]accumulate.Param{param("a", dtypes.Float32, 300), param("b", dtypes.Float64, 5)}, 0, 1<<20)
+	require.NoError(t, err)
+	require.Len(t, plan.Buckets, 2)
+	comms, err := backends.NewInProcessGroup(ranks)
+	require.NoError(t, err)
+	hooks := make([]*countingHook, ranks)
+	buckets := make([][]*tensors.Tensor, ranks)
+	var wg sync.WaitGroup
+	errs := make([]error, ranks)
+	for r := range ranks {
+		hooks[r] = &countingHook{}
+		for _, b := range plan.Buckets {
+			buckets[r] = append(buckets[r], tensors.FromShape(shapes.Make(b.DType, b.Size)))
+		}
+		// Planned in reverse: bucket 0 holds "b", bucket 1 holds "a".
+		tensors.MustMutableFlatData(buckets[r][0], func(f []float64) { f[4] = float64(10 * (r + 1)) })
+		tensors.MustMutableFlatData(buckets[r][1], func(f []float32) { f[0] = float32(r + 1) })
+		reducer := accumulate.NewReducer(comms[r], plan, accumulate.WithCommHook(hooks[r]))
+		assert.Equal(t, "counting", reducer.CommHook().Name())
+		assert.Equal(t, "replicated", reducer.Sharding().Name())
+		wg.Go(func() { errs[r] = reducer.Sync(buckets[r]) })
+	}
+	wg.Wait()
+	for r := range ranks {
+		require.NoError(t, errs[r], "rank %d", r)
+		require.Len(t, hooks[r].buckets, 2, "rank %d", r)
+		for i, b := range hooks[r].buckets {
+			assert.Equal(t, i, b.Index)
+			assert.Equal(t, plan.Buckets[i].Size, b.Buffer.Len)
+			assert.Equal(t, plan.Buckets[i].Bytes(), b.Buffer.Bytes)
+			assert.Equal(t, plan.Buckets[i].DType, b.Layout.DType)
+		}
+		assert.Equal(t, float64(30), tensors.MustCopyFlatData[float64](buckets[r][0])[4])
+		assert.Equal(t, float32(3), tensors.MustCopyFlatData[float32](buckets[r][1])[0])
+		assert.NoError(t, comms[r].Close())
+	}
+}
+
+func TestReplicatedOwnsEverything(t *testing.T) {
+	for _, tc := range []struct{ n, rank, size int }{{10, 0, 1}, {10, 1, 4}, {0, 3, 4}} {
+		from, to := accumulate.Replicated{}.Owned(tc.n, tc.rank, tc.size)
+		assert.Equal(t, [2]int{0, tc.n}, [2]int{from, to}, "%+v", tc)
+	}
+}
+
+// modelReducer builds a reducer over one float32 accumulator of n elements, for K micro-batches per step.
+func modelReducer(t *testing.T, comm *backends.Communicator, k, n int) (*accumulate.Reducer, *accumulate.GradientState, *context.Variable) {
+	t.Helper()
+	plan, err := accumulate.NewPlan([]accumulate.Param{param("w", dtypes.Float32, n)}, 0, 1<<20)
+	require.NoError(t, err)
+	gs, err := accumulate.NewGradientState(k, false)
+	require.NoError(t, err)
+	acc := context.New().VariableWithValue("bucket_000", make([]float32, n))
+	r := accumulate.NewReducer(comm, plan, accumulate.WithGradientState(gs), accumulate.WithAccumulators([]*context.Variable{acc}))
+	return r, gs, acc
+}
+
+// addToAccumulator stands in for a training step: it adds values into the accumulator.
+func addToAccumulator(t *testing.T, acc *context.Variable, values ...float32) {
+	t.Helper()
+	v, err := acc.Value()
+	require.NoError(t, err)
+	tensors.MustMutableFlatData(v, func(f []float32) {
+		for i, x := range values {
+			f[i] += x
+		}
+	})
+}
+
+// TestReducerLifecycle: the reducer follows the gradient state's decisions and keeps what happened between
+// optimizer steps: a mid-cycle micro-batch leaves the accumulators local, the K-th syncs them with the
+// averaging scale, a Backward before the step is refused, and the step's Applied starts the next cycle.
+func TestReducerLifecycle(t *testing.T) {
+	r, gs, acc := modelReducer(t, backends.NewSingle(), 2, 3)
+	microBatch := func(values ...float32) (syncs bool) {
+		require.NoError(t, gs.Accumulate(func() error {
+			var err error
+			syncs, err = r.BeginMicroBatch()
+			require.NoError(t, err)
+			addToAccumulator(t, acc, values...)
+			return r.EndMicroBatch(gs.MicroBatchScale(), 1)
+		}))
+		return syncs
+	}
+	assert.False(t, microBatch(1, 2, 3))
+	assert.False(t, r.Synced())
+	assert.EqualValues(t, 0, r.Syncs())
+	state, err := r.State()
+	require.NoError(t, err)
+	assert.True(t, state.Accumulating)
+	assert.Len(t, state.Accumulators, 1)
+	assert.Len(t, state.Accumulators[0], 12)
+
+	assert.True(t, microBatch(1, 1, 1))
+	assert.True(t, r.Synced())
+	assert.EqualValues(t, 1, r.Syncs())
+	assert.InDelta(t, 1.0, r.Scale(), 1e-12)
+	_, err = r.State()
+	require.ErrorIs(t, err, accumulate.ErrSyncedNotApplied)
+	_, err = r.BeginMicroBatch()
+	require.ErrorContains(t, err, "call the optimizer's Step")
+
+	r.Applied()
+	assert.False(t, r.Synced())
+	_, err = r.BeginMicroBatch()
+	require.NoError(t, err)
+}
+
+// TestReducerStateRestore: a reducer restored from another's State holds the same partial sums and resumes
+// accumulating; a state that does not fit the plan is refused without changing anything.
+func TestReducerStateRestore(t *testing.T) {
+	src, gs, acc := modelReducer(t, backends.NewSingle(), 4, 3)
+	require.NoError(t, gs.Accumulate(func() error {
+		addToAccumulator(t, acc, 0.5, -2, 8)
+		return src.EndMicroBatch(gs.MicroBatchScale(), 1)
+	}))
+	saved, err := src.State()
+	require.NoError(t, err)
+
+	dst, _, dstAcc := modelReducer(t, backends.NewSingle(), 4, 3)
+	for _, bad := range []accumulate.ReducerState{
+		{},
+		{Accumulators: [][]byte{make([]byte, 8)}},
+		{Accumulators: [][]byte{make([]byte, 12), make([]byte, 12)}},
+	} {
+		assert.Error(t, dst.CheckRestore(bad))
+		assert.Error(t, dst.Restore(bad))
+	}
+	assert.Equal(t, []float32{0, 0, 0}, tensors.MustCopyFlatData[float32](must(dstAcc.Value())))
+	require.NoError(t, dst.Restore(saved))
+	assert.Equal(t, []float32{0.5, -2, 8}, tensors.MustCopyFlatData[float32](must(dstAcc.Value())))
+	// The restored partial sums count as accumulated: ZeroGrad outside Accumulate clears them.
+	require.NoError(t, dst.ZeroGrad())
+	assert.Equal(t, []float32{0, 0, 0}, tensors.MustCopyFlatData[float32](must(dstAcc.Value())))
+}
+
+// TestReducerNonFiniteLossStopsEveryRank: a NaN loss on one rank makes the synced gradients non-finite on
+// every rank, so every rank takes the same decision about the step.
+func TestReducerNonFiniteLossStopsEveryRank(t *testing.T) {
+	const ranks = 2
+	comms, err := backends.NewInProcessGroup(ranks)
+	require.NoError(t, err)
+	finite := make([]bool, ranks)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for r := range ranks {
+		reducer, _, acc := modelReducer(t, comms[r], 1, 2)
+		wg.Go(func() {
+			addToAccumulator(t, acc, 1, 2)
+			loss := 1.0
+			if r == 1 {
+				loss = math.NaN()
+			}
+			if errs[r] = reducer.EndMicroBatch(1, loss); errs[r] == nil {
+				finite[r], errs[r] = reducer.Finite()
+			}
+		})
+	}
+	wg.Wait()
+	for r := range ranks {
+		require.NoError(t, errs[r], "rank %d", r)
+		assert.False(t, finite[r], "rank %d", r)
+		assert.NoError(t, comms[r].Close())
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func TestReducerWithoutModelRefusesMicroBatches(t *testing.T) {
+	plan, err := accumulate.NewPlan([]accumulate.Param{param("w", dtypes.Float32, 2)}, 0, 1<<20)
+	require.NoError(t, err)
+	r := accumulate.NewReducer(backends.NewSingle(), plan)
+	_, err = r.BeginMicroBatch()
+	assert.Error(t, err)
+	assert.Error(t, r.EndMicroBatch(1, 1))
+	_, err = r.State()
+	assert.Error(t, err)
 }

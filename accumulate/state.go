@@ -11,7 +11,7 @@ import (
 // The rules (docs/semantics.md, "When gradients are synchronised"): outside Accumulate and NoSync every
 // Backward syncs. Inside NoSync nothing syncs. Inside Accumulate a call syncs when it is the K-th since the
 // last sync or when the active data loader is yielding its last batch. SyncEachBatch adds an all-reduce on
-// every other Accumulate call too, without making it a step (see ReduceThisStep).
+// every other Accumulate call too, without making it a step (the Reducer all-reduces it).
 type GradientState struct {
 	steps         int // K: micro-batches per optimizer step
 	syncEachBatch bool
@@ -49,9 +49,6 @@ func (s *GradientState) Steps() int { return s.steps }
 // SyncEachBatch reports whether Accumulate all-reduces on every call (the optimizer still steps every K-th).
 func (s *GradientState) SyncEachBatch() bool { return s.syncEachBatch }
 
-// InAccumulate reports whether an Accumulate call is running.
-func (s *GradientState) InAccumulate() bool { return s.inAccumulate }
-
 // SyncGradients reports whether the current Backward synchronises gradients (and so whether the optimizer
 // step that follows applies them).
 func (s *GradientState) SyncGradients() bool {
@@ -67,10 +64,10 @@ func (s *GradientState) SyncGradients() bool {
 // StepInCycle is the number of Accumulate calls since the last sync.
 func (s *GradientState) StepInCycle() int { return s.stepInCycle }
 
-// ReduceThisStep reports whether the current Backward all-reduces gradients: on every step that syncs,
+// reduceThisStep reports whether the current Backward all-reduces gradients: on every step that syncs,
 // and with SyncEachBatch on every Accumulate call outside NoSync, where the reduced micro-batch stays in the
 // accumulators until the K-th call steps.
-func (s *GradientState) ReduceThisStep() bool {
+func (s *GradientState) reduceThisStep() bool {
 	return s.SyncGradients() || (s.syncEachBatch && s.inAccumulate && s.noSyncDepth == 0)
 }
 
@@ -170,8 +167,8 @@ func (s *GradientState) MicroBatchScale() float64 {
 	return 1
 }
 
-// RecordMicroBatch notes that a micro-batch was added with the given scale.
-func (s *GradientState) RecordMicroBatch(scale float64) {
+// recordMicroBatch notes that a micro-batch was added with the given scale.
+func (s *GradientState) recordMicroBatch(scale float64) {
 	if s.inAccumulate && scale == 1/float64(s.steps) {
 		s.scaledMicroBatches++
 	} else {
@@ -179,10 +176,10 @@ func (s *GradientState) RecordMicroBatch(scale float64) {
 	}
 }
 
-// SyncCorrection is the factor that turns the accumulated sum into the mean over micro-batches when a
+// syncCorrection is the factor that turns the accumulated sum into the mean over micro-batches when a
 // cycle ended early (the data loader ran out after m < K micro-batches, each scaled by 1/K): K/m. It is 1
 // for full cycles and for gradients the user scaled themselves.
-func (s *GradientState) SyncCorrection() float64 {
+func (s *GradientState) syncCorrection() float64 {
 	m := s.scaledMicroBatches
 	if s.unscaledMicroBatches > 0 || m == 0 || m >= s.steps {
 		return 1

@@ -75,7 +75,7 @@ func (r callRecord) String() string {
 }
 
 // checkCall verifies, when call checks are on, that every rank is about to call the same collective.
-func (c *Communicator) checkCall(op Op, bi BufferInfo, root int) error {
+func (c *Communicator) checkCall(op Op, bi Buffer, root int) error {
 	if !c.CallChecks() || c.Size() == 1 {
 		return nil
 	}
@@ -84,7 +84,7 @@ func (c *Communicator) checkCall(op Op, bi BufferInfo, root int) error {
 		mine = callRecord{int64(op), 0, 0, 0}
 	}
 	all := make([]int64, len(mine)*c.Size())
-	p, err := c.start(OpAllGather, len(mine)*8, func() (Request, error) { return c.engine.StartAllGather(mine[:], all) })
+	p, err := c.start(OpAllGather, len(mine)*8, func() (Request, error) { return c.engine.StartAllGather(BufferOf(mine[:]), BufferOf(all)) })
 	if err != nil {
 		return err
 	}

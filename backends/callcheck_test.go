@@ -110,16 +110,3 @@ func TestCallChecksPassMatchingCollectives(t *testing.T) {
 		assert.Equal(t, []float64{3, 3}, sums[r])
 	}
 }
-
-// TestCallChecksFromEnvironment: GOACCEL_DEBUG=1 turns call checks on.
-func TestCallChecksFromEnvironment(t *testing.T) {
-	for _, tc := range []struct {
-		env  string
-		want bool
-	}{{"", false}, {"0", false}, {"1", true}, {"true", true}} {
-		t.Setenv(backends.CallChecksEnvVar, tc.env)
-		comms, err := backends.NewInProcessGroup(2)
-		require.NoError(t, err)
-		assert.Equal(t, tc.want, comms[0].CallChecks(), "%s=%q", backends.CallChecksEnvVar, tc.env)
-	}
-}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -20,10 +19,14 @@ const (
 	OpBroadcast
 	OpAllGather
 	OpBarrier
+	OpReduceScatter
 	numOps
 )
 
-var opNames = [...]string{"all-reduce", "broadcast", "all-gather", "barrier"}
+// NumOps is the number of operation kinds: Op values run from 0 to NumOps-1.
+const NumOps = int(numOps)
+
+var opNames = [...]string{"all-reduce", "broadcast", "all-gather", "barrier", "reduce-scatter"}
 
 func (op Op) String() string {
 	if op >= 0 && op < numOps {
@@ -116,11 +119,12 @@ var ErrClosed = errors.New("backends: communicator is closed")
 const DefaultTimeout = 10 * time.Minute
 
 // TimeoutEnvVar overrides the collective timeout: a Go duration such as "30s", or a number of seconds. A
-// value that is neither is an error, never ignored.
+// value that is neither is an error, never ignored. The Accelerator's configuration reads it (see
+// accel.OptionsFromEnv); a Communicator takes only options.
 const TimeoutEnvVar = "GOACCEL_COLLECTIVE_TIMEOUT"
 
 // CallChecksEnvVar turns on the verification of every collective (see SetCallChecks) when set to 1 or
-// true: the debug mode.
+// true: the debug mode. The Accelerator's configuration reads it (see accel.OptionsFromEnv).
 const CallChecksEnvVar = "GOACCEL_DEBUG"
 
 // Communicator runs collectives on an engine and counts them. It is safe for concurrent use; collectives
@@ -137,8 +141,6 @@ type Communicator struct {
 	// describe says what the owner is doing, for error messages (for example the optimizer step).
 	describe func() string
 
-	// configErr is a setting from the environment that could not be read; collectives return it.
-	configErr error
 	// checkCalls: verify before every collective that all ranks call the same one (WithCallChecks).
 	checkCalls bool
 	// notices is the engine's side channel (nil if it has none); see Messenger.
@@ -172,15 +174,6 @@ func WithTimeout(d time.Duration) CommunicatorOption {
 // NewCommunicator wraps an engine. engineName is what Name reports.
 func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOption) *Communicator {
 	c := &Communicator{engine: engine, engineName: engineName, timeout: DefaultTimeout, resched: yieldToOwnP}
-	if d, err := timeoutFromEnv(); err != nil {
-		// Never ignore the setting: every collective reports it (Open refuses to open at all).
-		c.configErr = err
-	} else if d > 0 {
-		c.timeout = d
-	}
-	if v := os.Getenv(CallChecksEnvVar); v == "1" || v == "true" {
-		c.checkCalls = true
-	}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -208,24 +201,8 @@ func ParseTimeout(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// timeoutFromEnv returns TimeoutEnvVar's timeout, 0 when it is not set.
-func timeoutFromEnv() (time.Duration, error) {
-	s := os.Getenv(TimeoutEnvVar)
-	if s == "" {
-		return 0, nil
-	}
-	d, err := ParseTimeout(s)
-	if err != nil {
-		return 0, fmt.Errorf("backends: %s: %w", TimeoutEnvVar, err)
-	}
-	return d, nil
-}
-
 // Open opens the named registered engine for topo and wraps it.
 func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Communicator, error) {
-	if _, err := timeoutFromEnv(); err != nil {
-		return nil, err
-	}
 	engine, err := OpenEngine(engineName, topo)
 	if err != nil {
 		return nil, err
@@ -283,13 +260,19 @@ type Pending struct {
 	op      Op
 	bytes   int
 	started time.Time
-	done    bool
-	err     error
+
+	// mu guards done and err: Wait may be called from several goroutines, and the second must get the
+	// first's result rather than race on it or poll a request the first already completed.
+	mu   sync.Mutex
+	done bool
+	err  error
 }
 
 // Wait blocks until the collective completes, the timeout passes, or it fails. Waiting twice is allowed
-// and returns the same result.
+// and returns the same result, also from another goroutine.
 func (p *Pending) Wait() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.done {
 		return p.err
 	}
@@ -303,9 +286,6 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, ErrClosed
-	}
-	if c.configErr != nil {
-		return nil, c.configErr
 	}
 	if c.broken != nil {
 		return nil, fmt.Errorf("backends: communicator unusable after an earlier failure: %w", c.broken)
@@ -322,9 +302,9 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 
 // busyPollFor is how long a wait polls without sleeping. Engines progress only inside Test (Open MPI's
 // non-blocking collectives have no progress thread), so every round of an all-reduce waits for the next
-// poll: a sleep there stalls the whole collective (docs/benchmarks.md §1 measured 0.17× MPI_Allreduce's
-// bandwidth at 4 MB with sleeps, 0.89× without). Past this, the wait is for a peer that is still computing
-// or writing a checkpoint, and sleeping keeps that idle wait from burning a core.
+// poll: a sleep there stalls the whole collective (docs/notes.md, Note [busy polling]). Past this, the wait
+// is for a peer that is still computing or writing a checkpoint, and sleeping keeps that idle wait from
+// burning a core.
 const busyPollFor = 20 * time.Millisecond
 
 // reschedEvery is how often a wait that spins passes through Go's scheduler, besides once when it begins.
@@ -335,12 +315,8 @@ const busyPollFor = 20 * time.Millisecond
 // repeats at every cgo call sysmon catches, each time waking a thread that takes a core from a rank
 // progressing the same collective. It happens at once, without the 10 ms, when the goroutine comes back from
 // a long cgo call (a blocking MPI call, a BLAS kernel) on another P than it left, whose last slice is long
-// past. So every wait starts a slice when it begins, and a long one every millisecond: yieldToOwnP costs
-// about 55 ns and wakes no thread.
-//
-// Measured with make bench on 2 ranks of a 2-core machine, goaccel's all-reduce over MPI_Allreduce's
-// bandwidth, two interleaved runs each: without it 0.65–0.74 at 64 KB, 0.76–0.88 at 256 KB, 0.91–0.92 at
-// 1 MB, 0.92–0.95 at 4 MB, 0.85–0.94 at 16 MB; with it 0.86–0.88, 0.95–0.96, 0.95–0.97, 0.99 and 1.01–1.03.
+// past. So every wait starts a slice when it begins, and a long one every millisecond: yieldToOwnP is cheap
+// and wakes no thread. What it buys is in docs/notes.md, Note [time slices in waits].
 const reschedEvery = time.Millisecond
 
 // betweenPolls runs between two busy polls, as the poll mode says; inWait is how long the wait has polled,
@@ -372,9 +348,8 @@ const (
 	pollYieldingThreads
 	// pollSpinning polls again at once: each rank of the node has a core, as Open MPI assumes when it is
 	// not oversubscribed. Yielding there costs bandwidth: a yield is a system call that can hand the core
-	// to an unrelated process while the peer is sending, and even a goroutine yield enters the scheduler;
-	// measured on 2 ranks of a 2-core machine under load, 1 MB all-reduces took 300–370 µs yielding the
-	// thread, 235–300 µs yielding the goroutine and 170–180 µs spinning (MPI's own C loop: 100–160 µs).
+	// to an unrelated process while the peer is sending, and even a goroutine yield enters the scheduler
+	// (docs/notes.md, Note [poll modes]).
 	pollSpinning
 )
 
@@ -439,16 +414,17 @@ func (c *Communicator) wait(p *Pending) error {
 	}
 }
 
-// AllReduceSumAsync starts an in-place sum of buf across ranks. buf must not be touched until Wait returns.
+// AllReduceSumAsync starts an in-place sum of buf across ranks. buf is a slice of one of the element types
+// Elements accepts, or a Buffer; it must not be touched until Wait returns.
 func (c *Communicator) AllReduceSumAsync(buf any) (*Pending, error) {
-	bi, err := Elements(buf)
+	b, err := Elements(buf)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkCall(OpAllReduce, bi, -1); err != nil {
+	if err := c.checkCall(OpAllReduce, b, -1); err != nil {
 		return nil, err
 	}
-	return c.start(OpAllReduce, bi.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(buf) })
+	return c.start(OpAllReduce, b.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(b) })
 }
 
 // AllReduceSum sums buf in place across ranks.
@@ -460,43 +436,80 @@ func (c *Communicator) AllReduceSum(buf any) error {
 	return p.Wait()
 }
 
-// Broadcast copies root's buf into every rank's buf.
-func (c *Communicator) Broadcast(buf any, root int) error {
-	bi, err := Elements(buf)
+// ReduceScatterSumAsync starts an element-wise sum of every rank's send that leaves this rank's block of it
+// in recv: send is Size() blocks of len(recv) elements, and rank r receives the sum of block r. Neither
+// buffer may be touched until Wait returns.
+func (c *Communicator) ReduceScatterSumAsync(send, recv any) (*Pending, error) {
+	s, r, err := c.blocks("reduce-scatter", recv, send)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if root < 0 || root >= c.Size() {
-		return fmt.Errorf("backends: broadcast root %d outside [0, %d)", root, c.Size())
+	if err := c.checkCall(OpReduceScatter, s, -1); err != nil {
+		return nil, err
 	}
-	if err := c.checkCall(OpBroadcast, bi, root); err != nil {
-		return err
-	}
-	p, err := c.start(OpBroadcast, bi.Bytes, func() (Request, error) { return c.engine.StartBroadcast(buf, root) })
+	return c.start(OpReduceScatter, s.Bytes, func() (Request, error) { return c.engine.StartReduceScatterSum(s, r) })
+}
+
+// ReduceScatterSum is ReduceScatterSumAsync and Wait.
+func (c *Communicator) ReduceScatterSum(send, recv any) error {
+	p, err := c.ReduceScatterSumAsync(send, recv)
 	if err != nil {
 		return err
 	}
 	return p.Wait()
 }
 
+// blocks classifies a buffer of one block and one of Size() blocks, and checks that they match.
+func (c *Communicator) blocks(what string, blockBuf, wholeBuf any) (whole, block Buffer, err error) {
+	if block, err = Elements(blockBuf); err != nil {
+		return whole, block, err
+	}
+	if whole, err = Elements(wholeBuf); err != nil {
+		return whole, block, err
+	}
+	if block.Kind != whole.Kind || whole.Len != block.Len*c.Size() {
+		return whole, block, fmt.Errorf("backends: %s of %s[%d] per rank over %d ranks needs a %s[%d] buffer "+
+			"of all ranks' blocks, got %s[%d]", what, block.Kind, block.Len, c.Size(), block.Kind,
+			block.Len*c.Size(), whole.Kind, whole.Len)
+	}
+	return whole, block, nil
+}
+
+// Broadcast copies root's buf into every rank's buf.
+func (c *Communicator) Broadcast(buf any, root int) error {
+	b, err := Elements(buf)
+	if err != nil {
+		return err
+	}
+	if root < 0 || root >= c.Size() {
+		return fmt.Errorf("backends: broadcast root %d outside [0, %d)", root, c.Size())
+	}
+	if err := c.checkCall(OpBroadcast, b, root); err != nil {
+		return err
+	}
+	p, err := c.start(OpBroadcast, b.Bytes, func() (Request, error) { return c.engine.StartBroadcast(b, root) })
+	if err != nil {
+		return err
+	}
+	return p.Wait()
+}
+
+// AllGatherAsync starts gathering every rank's send into recv, ordered by rank. len(recv) must be
+// Size()*len(send). Neither buffer may be touched until Wait returns.
+func (c *Communicator) AllGatherAsync(send, recv any) (*Pending, error) {
+	r, s, err := c.blocks("all-gather", send, recv)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkCall(OpAllGather, s, -1); err != nil {
+		return nil, err
+	}
+	return c.start(OpAllGather, s.Bytes, func() (Request, error) { return c.engine.StartAllGather(s, r) })
+}
+
 // AllGather gathers every rank's send into recv, ordered by rank. len(recv) must be Size()*len(send).
 func (c *Communicator) AllGather(send, recv any) error {
-	si, err := Elements(send)
-	if err != nil {
-		return err
-	}
-	ri, err := Elements(recv)
-	if err != nil {
-		return err
-	}
-	if si.Kind != ri.Kind || ri.Len != si.Len*c.Size() {
-		return fmt.Errorf("backends: all-gather of %s[%d] needs a %s[%d] receive buffer, got %s[%d]",
-			si.Kind, si.Len, si.Kind, si.Len*c.Size(), ri.Kind, ri.Len)
-	}
-	if err := c.checkCall(OpAllGather, si, -1); err != nil {
-		return err
-	}
-	p, err := c.start(OpAllGather, si.Bytes, func() (Request, error) { return c.engine.StartAllGather(send, recv) })
+	p, err := c.AllGatherAsync(send, recv)
 	if err != nil {
 		return err
 	}
@@ -505,7 +518,7 @@ func (c *Communicator) AllGather(send, recv any) error {
 
 // Barrier returns once every rank reached it.
 func (c *Communicator) Barrier() error {
-	if err := c.checkCall(OpBarrier, BufferInfo{}, -1); err != nil {
+	if err := c.checkCall(OpBarrier, Buffer{}, -1); err != nil {
 		return err
 	}
 	p, err := c.start(OpBarrier, 0, c.engine.StartBarrier)

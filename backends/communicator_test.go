@@ -190,13 +190,14 @@ func TestCollectivesAfterCloseFail(t *testing.T) {
 	}
 }
 
-func TestTimeoutFromEnvironment(t *testing.T) {
+// TestParseTimeout: the collective timeout's text form, as TimeoutEnvVar gives it, is a duration or a
+// number of seconds, and must be positive.
+func TestParseTimeout(t *testing.T) {
 	tests := []struct {
-		env     string
+		text    string
 		want    time.Duration
 		wantErr string
 	}{
-		{"", backends.DefaultTimeout, ""},
 		{"45s", 45 * time.Second, ""},
 		{"5", 5 * time.Second, ""},
 		{"2.5", 2500 * time.Millisecond, ""},
@@ -205,23 +206,14 @@ func TestTimeoutFromEnvironment(t *testing.T) {
 		{"0", 0, `"0" is not a positive duration`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.env, func(t *testing.T) {
-			t.Setenv(backends.TimeoutEnvVar, tt.env)
-			comms, err := backends.NewInProcessGroup(1)
-			require.NoError(t, err)
+		t.Run(tt.text, func(t *testing.T) {
+			got, err := backends.ParseTimeout(tt.text)
 			if tt.wantErr != "" {
-				// Never silently ignored: every collective and Open report it, naming the variable.
-				err := comms[0].Barrier()
-				require.ErrorContains(t, err, backends.TimeoutEnvVar+": "+tt.wantErr)
-				_, err = backends.Open("single", backends.Topology{WorldSize: 1, LocalSize: 1, Nodes: 1})
 				require.ErrorContains(t, err, tt.wantErr)
 				return
 			}
-			assert.Equal(t, tt.want, comms[0].Timeout())
-			// An explicit option wins over the environment.
-			comms, err = backends.NewInProcessGroup(1, backends.WithTimeout(time.Second))
 			require.NoError(t, err)
-			assert.Equal(t, time.Second, comms[0].Timeout())
+			assert.Equal(t, tt.want, got)
 		})
 	}
 }
@@ -271,4 +263,34 @@ func TestStatsArithmetic(t *testing.T) {
 	assert.GreaterOrEqual(t, d.Wait(), time.Duration(0))
 	assert.Equal(t, "all-gather", backends.OpAllGather.String())
 	assert.Equal(t, "Op(9)", backends.Op(9).String())
+}
+
+// TestPendingWaitFromSeveralGoroutines: goroutines waiting on one collective all get its result, once it
+// completes; the wait itself runs once (under -race, the result is never written unguarded).
+func TestPendingWaitFromSeveralGoroutines(t *testing.T) {
+	comms, err := backends.NewInProcessGroup(2, backends.WithTimeout(30*time.Second))
+	require.NoError(t, err)
+	bufs := [][]float64{{1, 2}, {10, 20}}
+	pendings := make([]*backends.Pending, 2)
+	for r := range 2 {
+		pendings[r], err = comms[r].AllReduceSumAsync(bufs[r])
+		require.NoError(t, err)
+	}
+	const waiters = 4
+	errs := make([]error, 2*waiters)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		for w := range waiters {
+			wg.Go(func() { errs[r*waiters+w] = pendings[r].Wait() })
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		assert.NoError(t, err, "waiter %d", i)
+	}
+	for r := range 2 {
+		assert.Equal(t, []float64{11, 22}, bufs[r], "rank %d", r)
+		assert.EqualValues(t, 1, comms[r].Stats().Of(backends.OpAllReduce).Calls, "rank %d", r)
+		require.NoError(t, comms[r].Close())
+	}
 }

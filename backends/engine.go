@@ -32,20 +32,25 @@ type Request interface {
 }
 
 // Engine is the driver interface of a collective engine. All operations are collective: every rank must
-// call them in the same order with buffers of the same length and element type. Buffers are Go slices of
-// one of the element types [Elements] accepts; they must stay untouched until the request completes.
+// call them in the same order with buffers of the same length and element kind. Buffers arrive classified
+// (a [Buffer]: element kind, length, address), so an engine never inspects Go types; they must stay
+// untouched until the request completes.
 //
 // Engines need not be safe for concurrent use: the Communicator serialises calls.
 type Engine interface {
 	Rank() int
 	Size() int
 	// StartAllReduceSum starts an in-place element-wise sum of buf across all ranks.
-	StartAllReduceSum(buf any) (Request, error)
+	StartAllReduceSum(buf Buffer) (Request, error)
+	// StartReduceScatterSum starts an element-wise sum of every rank's send across all ranks that leaves
+	// block r of the sum in rank r's recv: send.Len == Size()*recv.Len, and the blocks are send's
+	// consecutive recv.Len-element parts. It is the first half of a sharded (ZeRO-style) gradient sync.
+	StartReduceScatterSum(send, recv Buffer) (Request, error)
 	// StartBroadcast starts copying root's buf into every other rank's buf.
-	StartBroadcast(buf any, root int) (Request, error)
+	StartBroadcast(buf Buffer, root int) (Request, error)
 	// StartAllGather starts gathering every rank's send (all of equal length) into recv, ordered by rank:
-	// len(recv) == Size()*len(send).
-	StartAllGather(send, recv any) (Request, error)
+	// recv.Len == Size()*send.Len.
+	StartAllGather(send, recv Buffer) (Request, error)
 	// StartBarrier starts a barrier: it completes once every rank started it.
 	StartBarrier() (Request, error)
 	// Abort ends every rank of the job as promptly as the engine can, with the given exit code. It is used
@@ -131,90 +136,167 @@ func (k ElementKind) String() string {
 	return fmt.Sprintf("ElementKind(%d)", int(k))
 }
 
-// BufferInfo describes a collective buffer: its element kind, length, size in bytes and the address of its
-// first element (nil for an empty buffer). Engines written in cgo hand Ptr to C.
-type BufferInfo struct {
+// Buffer is a collective buffer, classified once: its element kind, length, size in bytes and the address
+// of its first element (nil for an empty buffer). Engines get every buffer in this form; engines written in
+// cgo hand Ptr to C, engines written in Go view it with [View]. A Buffer made from a Go slice keeps that
+// slice's array alive (Ptr is a pointer the garbage collector follows).
+type Buffer struct {
 	Kind  ElementKind
 	Len   int
 	Bytes int
 	Ptr   unsafe.Pointer
 }
 
-// Elements describes buf, which must be a []float32, []float64, []int32, []int64 or []byte.
-func Elements(buf any) (BufferInfo, error) {
+// BufferInfo is the former name of [Buffer].
+//
+// Deprecated: use Buffer.
+type BufferInfo = Buffer
+
+// Element is the set of Go element types collectives accept.
+type Element interface {
+	float32 | float64 | int32 | int64 | uint8
+}
+
+// KindOf is the element kind of T.
+func KindOf[T Element]() ElementKind {
+	var zero T
+	switch any(zero).(type) {
+	case float32:
+		return Float32
+	case float64:
+		return Float64
+	case int32:
+		return Int32
+	case int64:
+		return Int64
+	}
+	return Uint8
+}
+
+// BufferOf classifies a slice without a type switch.
+func BufferOf[T Element](s []T) Buffer {
+	b := Buffer{Kind: KindOf[T](), Len: len(s)}
+	if len(s) > 0 {
+		b.Bytes = len(s) * int(unsafe.Sizeof(s[0]))
+		b.Ptr = unsafe.Pointer(&s[0])
+	}
+	return b
+}
+
+// View returns b's elements as a []T, sharing its memory. It panics when T is not b's element kind: a
+// programming error in an engine, never a user's.
+func View[T Element](b Buffer) []T {
+	if k := KindOf[T](); k != b.Kind {
+		panic(fmt.Sprintf("backends: viewing a %s buffer as %s", b.Kind, k))
+	}
+	if b.Len == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(b.Ptr), b.Len)
+}
+
+// Slice returns the elements [from, to) of b, sharing its memory.
+func (b Buffer) Slice(from, to int) Buffer {
+	if from < 0 || to < from || to > b.Len {
+		panic(fmt.Sprintf("backends: slice [%d:%d] of a buffer of %d elements", from, to, b.Len))
+	}
+	size := b.Kind.Size()
+	s := Buffer{Kind: b.Kind, Len: to - from, Bytes: (to - from) * size}
+	if s.Len > 0 {
+		s.Ptr = unsafe.Add(b.Ptr, from*size)
+	}
+	return s
+}
+
+// bytes views the buffer's memory.
+func (b Buffer) bytes() []byte {
+	if b.Bytes == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(b.Ptr), b.Bytes)
+}
+
+// Size is the size of one element in bytes.
+func (k ElementKind) Size() int {
+	switch k {
+	case Float32, Int32:
+		return 4
+	case Float64, Int64:
+		return 8
+	}
+	return 1
+}
+
+// Elements classifies buf, which must be a []float32, []float64, []int32, []int64 or []byte, or a Buffer
+// (returned as it is).
+func Elements(buf any) (Buffer, error) {
 	switch b := buf.(type) {
+	case Buffer:
+		if b.Kind < Float32 || b.Kind > Uint8 || b.Len < 0 || b.Bytes != b.Len*b.Kind.Size() || (b.Len > 0) != (b.Ptr != nil) {
+			return Buffer{}, fmt.Errorf("backends: malformed buffer %+v", b)
+		}
+		return b, nil
 	case []float32:
-		return info(Float32, b), nil
+		return BufferOf(b), nil
 	case []float64:
-		return info(Float64, b), nil
+		return BufferOf(b), nil
 	case []int32:
-		return info(Int32, b), nil
+		return BufferOf(b), nil
 	case []int64:
-		return info(Int64, b), nil
+		return BufferOf(b), nil
 	case []byte:
-		return info(Uint8, b), nil
+		return BufferOf(b), nil
 	default:
-		return BufferInfo{}, fmt.Errorf("backends: collective buffers must be []float32, []float64, []int32, "+
+		return Buffer{}, fmt.Errorf("backends: collective buffers must be []float32, []float64, []int32, "+
 			"[]int64 or []byte, got %T", buf)
 	}
 }
 
-func info[T any](kind ElementKind, b []T) BufferInfo {
-	bi := BufferInfo{Kind: kind, Len: len(b)}
-	if len(b) > 0 {
-		var zero T
-		bi.Bytes = len(b) * int(unsafe.Sizeof(zero))
-		bi.Ptr = unsafe.Pointer(&b[0])
+// sumInto adds src into dst element-wise; both must be of the same kind and length. Engines that reduce in
+// Go (single, in-process) share it.
+func sumInto(dst, src Buffer) error {
+	if dst.Kind != src.Kind || dst.Len != src.Len {
+		return fmt.Errorf("backends: mismatched collective buffers %s[%d] and %s[%d]", dst.Kind, dst.Len, src.Kind, src.Len)
 	}
-	return bi
+	switch dst.Kind {
+	case Float32:
+		addSlices(View[float32](dst), View[float32](src))
+	case Float64:
+		addSlices(View[float64](dst), View[float64](src))
+	case Int32:
+		addSlices(View[int32](dst), View[int32](src))
+	case Int64:
+		addSlices(View[int64](dst), View[int64](src))
+	default:
+		addSlices(View[uint8](dst), View[uint8](src))
+	}
+	return nil
 }
 
-// sumInto adds src into dst element-wise; both must be slices of the same kind and length. Engines that
-// reduce in Go (single, in-process) share it.
-func sumInto(dst, src any) error {
-	switch d := dst.(type) {
-	case []float32:
-		return addSlices(d, src)
-	case []float64:
-		return addSlices(d, src)
-	case []int32:
-		return addSlices(d, src)
-	case []int64:
-		return addSlices(d, src)
-	case []byte:
-		return addSlices(d, src)
-	}
-	return fmt.Errorf("backends: cannot sum %T", dst)
-}
-
-func addSlices[T float32 | float64 | int32 | int64 | byte](dst []T, srcAny any) error {
-	src, ok := srcAny.([]T)
-	if !ok || len(src) != len(dst) {
-		return fmt.Errorf("backends: mismatched collective buffers %T[%d] and %T", dst, len(dst), srcAny)
-	}
+func addSlices[T Element](dst, src []T) {
 	for i, v := range src {
 		dst[i] += v
 	}
-	return nil
 }
 
 // copyInto copies src into dst (same kind, same length).
-func copyInto(dst, src any) error {
-	di, err := Elements(dst)
-	if err != nil {
-		return err
+func copyInto(dst, src Buffer) error {
+	if dst.Kind != src.Kind || dst.Len != src.Len {
+		return fmt.Errorf("backends: mismatched collective buffers %s[%d] and %s[%d]", dst.Kind, dst.Len, src.Kind, src.Len)
 	}
-	si, err := Elements(src)
-	if err != nil {
-		return err
-	}
-	if di.Kind != si.Kind || di.Len != si.Len {
-		return fmt.Errorf("backends: mismatched collective buffers %s[%d] and %s[%d]", di.Kind, di.Len, si.Kind, si.Len)
-	}
-	if di.Bytes > 0 {
-		copy(unsafe.Slice((*byte)(di.Ptr), di.Bytes), unsafe.Slice((*byte)(si.Ptr), si.Bytes))
-	}
+	copy(dst.bytes(), src.bytes())
 	return nil
+}
+
+// cloneBuffer returns a copy of b in new memory.
+func cloneBuffer(b Buffer) Buffer {
+	c := b
+	if b.Bytes > 0 {
+		mem := make([]uint64, (b.Bytes+7)/8) // 8-byte aligned for every kind
+		c.Ptr = unsafe.Pointer(&mem[0])
+		copy(c.bytes(), b.bytes())
+	}
+	return c
 }
 
 // doneRequest is a request that completed when it was started.

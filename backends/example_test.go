@@ -62,3 +62,49 @@ func ExampleOpen() {
 	// single 1 <nil> [1.5]
 	// true
 }
+
+// A sharded sync on three goroutine ranks: each reduce-scatters a bucket of six elements and gets the sum
+// of its two-element shard, then the ranks all-gather the shards back into the whole summed bucket.
+func ExampleCommunicator_ReduceScatterSum() {
+	comms, err := backends.NewInProcessGroup(3)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	shards := make([][]float64, 3)
+	whole := make([][]float64, 3)
+	var wg sync.WaitGroup
+	for rank, comm := range comms {
+		wg.Go(func() {
+			bucket := []float64{1, 2, 3, 4, 5, 6}
+			shards[rank] = make([]float64, 2)
+			whole[rank] = make([]float64, 6)
+			err := comm.ReduceScatterSum(bucket, shards[rank])
+			if err == nil {
+				var p *backends.Pending
+				if p, err = comm.AllGatherAsync(shards[rank], whole[rank]); err == nil {
+					err = p.Wait()
+				}
+			}
+			if err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println(shards[0], shards[1], shards[2], whole[1])
+	// Output: [3 6] [9 12] [15 18] [3 6 9 12 15 18]
+}
+
+// BufferOf classifies a slice once; View and Slice read it back without copying.
+func ExampleBufferOf() {
+	data := []int32{10, 20, 30, 40}
+	buf := backends.BufferOf(data)
+	fmt.Println(buf.Kind, buf.Len, buf.Bytes)
+	tail := backends.View[int32](buf.Slice(2, 4))
+	tail[0] = 99
+	fmt.Println(data)
+	// Output:
+	// int32 4 16
+	// [10 20 99 40]
+}

@@ -19,17 +19,14 @@ func init() {
 // singleEngine is world size 1: a sum over one rank is the buffer itself, and there is nobody to wait for.
 type singleEngine struct{}
 
-func (singleEngine) Rank() int { return 0 }
-func (singleEngine) Size() int { return 1 }
-func (singleEngine) StartAllReduceSum(buf any) (Request, error) {
-	_, err := Elements(buf)
-	return doneRequest{}, err
+func (singleEngine) Rank() int                                   { return 0 }
+func (singleEngine) Size() int                                   { return 1 }
+func (singleEngine) StartAllReduceSum(Buffer) (Request, error)   { return doneRequest{}, nil }
+func (singleEngine) StartBroadcast(Buffer, int) (Request, error) { return doneRequest{}, nil }
+func (singleEngine) StartAllGather(send, recv Buffer) (Request, error) {
+	return doneRequest{}, copyInto(recv, send)
 }
-func (singleEngine) StartBroadcast(buf any, root int) (Request, error) {
-	_, err := Elements(buf)
-	return doneRequest{}, err
-}
-func (singleEngine) StartAllGather(send, recv any) (Request, error) {
+func (singleEngine) StartReduceScatterSum(send, recv Buffer) (Request, error) {
 	return doneRequest{}, copyInto(recv, send)
 }
 func (singleEngine) StartBarrier() (Request, error) { return doneRequest{}, nil }
@@ -55,8 +52,8 @@ type inProcessGroup struct {
 type inProcessSlot struct {
 	op      Op
 	root    int
-	bufs    []any // per rank: the buffer (all-reduce, broadcast) or send buffer (all-gather)
-	recvs   []any // per rank: all-gather receive buffers
+	bufs    []Buffer // per rank: the buffer (all-reduce, broadcast) or send buffer (all-gather, reduce-scatter)
+	recvs   []Buffer // per rank: all-gather and reduce-scatter receive buffers
 	arrived int
 	done    chan struct{}
 	err     error
@@ -97,7 +94,7 @@ func (r inProcessRequest) Test() (bool, error) {
 func (e *inProcessEngine) Rank() int { return e.rank }
 func (e *inProcessEngine) Size() int { return e.group.size }
 
-func (e *inProcessEngine) post(op Op, root int, buf, recv any) (Request, error) {
+func (e *inProcessEngine) post(op Op, root int, buf, recv Buffer) (Request, error) {
 	if e.closed {
 		return nil, ErrClosed
 	}
@@ -111,7 +108,7 @@ func (e *inProcessEngine) post(op Op, root int, buf, recv any) (Request, error) 
 	e.seq++
 	slot, ok := g.slots[seq]
 	if !ok {
-		slot = &inProcessSlot{op: op, root: root, bufs: make([]any, g.size), recvs: make([]any, g.size),
+		slot = &inProcessSlot{op: op, root: root, bufs: make([]Buffer, g.size), recvs: make([]Buffer, g.size),
 			done: make(chan struct{})}
 		g.slots[seq] = slot
 	}
@@ -135,19 +132,26 @@ func (e *inProcessEngine) post(op Op, root int, buf, recv any) (Request, error) 
 func (s *inProcessSlot) run() error {
 	switch s.op {
 	case OpAllReduce:
-		sum := cloneBuffer(s.bufs[0])
-		if sum == nil {
-			_, err := Elements(s.bufs[0])
+		sum, err := s.sum(s.bufs)
+		if err != nil {
 			return err
-		}
-		for r := 1; r < len(s.bufs); r++ {
-			if err := sumInto(sum, s.bufs[r]); err != nil {
-				return fmt.Errorf("rank %d: %w", r, err)
-			}
 		}
 		for r := range s.bufs {
 			if err := copyInto(s.bufs[r], sum); err != nil {
 				return err
+			}
+		}
+	case OpReduceScatter:
+		sum, err := s.sum(s.bufs)
+		if err != nil {
+			return err
+		}
+		for r, recv := range s.recvs {
+			if recv.Len*len(s.bufs) != sum.Len {
+				return fmt.Errorf("rank %d: reduce-scatter of %d elements into %d per rank", r, sum.Len, recv.Len)
+			}
+			if err := copyInto(recv, sum.Slice(r*recv.Len, (r+1)*recv.Len)); err != nil {
+				return fmt.Errorf("rank %d: %w", r, err)
 			}
 		}
 	case OpBroadcast:
@@ -160,13 +164,9 @@ func (s *inProcessSlot) run() error {
 		}
 	case OpAllGather:
 		for r, recv := range s.recvs {
-			ri, err := Elements(recv)
-			if err != nil {
-				return err
-			}
-			chunk := ri.Len / len(s.bufs)
+			chunk := recv.Len / len(s.bufs)
 			for src, send := range s.bufs {
-				if err := copyInto(sliceOf(recv, src*chunk, (src+1)*chunk), send); err != nil {
+				if err := copyInto(recv.Slice(src*chunk, (src+1)*chunk), send); err != nil {
 					return fmt.Errorf("rank %d gathering from rank %d: %w", r, src, err)
 				}
 			}
@@ -176,16 +176,32 @@ func (s *inProcessSlot) run() error {
 	return nil
 }
 
-func (e *inProcessEngine) StartAllReduceSum(buf any) (Request, error) {
-	return e.post(OpAllReduce, 0, buf, nil)
+// sum adds the ranks' buffers in rank order, so that every rank gets bitwise the same result.
+func (s *inProcessSlot) sum(bufs []Buffer) (Buffer, error) {
+	sum := cloneBuffer(bufs[0])
+	for r := 1; r < len(bufs); r++ {
+		if err := sumInto(sum, bufs[r]); err != nil {
+			return Buffer{}, fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return sum, nil
 }
-func (e *inProcessEngine) StartBroadcast(buf any, root int) (Request, error) {
-	return e.post(OpBroadcast, root, buf, nil)
+
+func (e *inProcessEngine) StartAllReduceSum(buf Buffer) (Request, error) {
+	return e.post(OpAllReduce, 0, buf, Buffer{})
 }
-func (e *inProcessEngine) StartAllGather(send, recv any) (Request, error) {
+func (e *inProcessEngine) StartReduceScatterSum(send, recv Buffer) (Request, error) {
+	return e.post(OpReduceScatter, 0, send, recv)
+}
+func (e *inProcessEngine) StartBroadcast(buf Buffer, root int) (Request, error) {
+	return e.post(OpBroadcast, root, buf, Buffer{})
+}
+func (e *inProcessEngine) StartAllGather(send, recv Buffer) (Request, error) {
 	return e.post(OpAllGather, 0, send, recv)
 }
-func (e *inProcessEngine) StartBarrier() (Request, error) { return e.post(OpBarrier, 0, nil, nil) }
+func (e *inProcessEngine) StartBarrier() (Request, error) {
+	return e.post(OpBarrier, 0, Buffer{}, Buffer{})
+}
 
 // Abort fails every pending and future collective of the group: the goroutine ranks are in this process, so
 // exiting would take the test down with them.
@@ -203,37 +219,5 @@ func (e *inProcessEngine) Abort(int) {
 
 func (e *inProcessEngine) Close() error {
 	e.closed = true
-	return nil
-}
-
-func cloneBuffer(buf any) any {
-	switch b := buf.(type) {
-	case []float32:
-		return append([]float32(nil), b...)
-	case []float64:
-		return append([]float64(nil), b...)
-	case []int32:
-		return append([]int32(nil), b...)
-	case []int64:
-		return append([]int64(nil), b...)
-	case []byte:
-		return append([]byte(nil), b...)
-	}
-	return nil
-}
-
-func sliceOf(buf any, from, to int) any {
-	switch b := buf.(type) {
-	case []float32:
-		return b[from:to]
-	case []float64:
-		return b[from:to]
-	case []int32:
-		return b[from:to]
-	case []int64:
-		return b[from:to]
-	case []byte:
-		return b[from:to]
-	}
 	return nil
 }

@@ -45,15 +45,16 @@ type completesAt time.Time
 
 func (t completesAt) Test() (bool, error) { return !time.Now().Before(time.Time(t)), nil }
 
-func (e slowEngine) request() (Request, error)                { return completesAt(time.Now().Add(e.after)), nil }
-func (slowEngine) Rank() int                                  { return 0 }
-func (slowEngine) Size() int                                  { return 1 }
-func (e slowEngine) StartAllReduceSum(any) (Request, error)   { return e.request() }
-func (e slowEngine) StartBroadcast(any, int) (Request, error) { return e.request() }
-func (e slowEngine) StartAllGather(any, any) (Request, error) { return e.request() }
-func (e slowEngine) StartBarrier() (Request, error)           { return e.request() }
-func (slowEngine) Abort(int)                                  {}
-func (slowEngine) Close() error                               { return nil }
+func (e slowEngine) request() (Request, error)                             { return completesAt(time.Now().Add(e.after)), nil }
+func (slowEngine) Rank() int                                               { return 0 }
+func (slowEngine) Size() int                                               { return 1 }
+func (e slowEngine) StartAllReduceSum(Buffer) (Request, error)             { return e.request() }
+func (e slowEngine) StartReduceScatterSum(Buffer, Buffer) (Request, error) { return e.request() }
+func (e slowEngine) StartBroadcast(Buffer, int) (Request, error)           { return e.request() }
+func (e slowEngine) StartAllGather(Buffer, Buffer) (Request, error)        { return e.request() }
+func (e slowEngine) StartBarrier() (Request, error)                        { return e.request() }
+func (slowEngine) Abort(int)                                               {}
+func (slowEngine) Close() error                                            { return nil }
 
 // TestSpinningWaitsPassThroughTheScheduler: every spinning wait starts a new time slice when it begins, and
 // a long one every reschedEvery while it polls, never more often; the in-process engine's waits, which yield

@@ -6,8 +6,8 @@ import _ "unsafe" // go:linkname
 // runtime's goyield puts it on its own P's run queue and schedules at once, so it goes on, on the same
 // thread, with a new time slice (see reschedEvery). runtime.Gosched puts it on the global queue and first
 // wakes the thread of an idle P; with every core polling a collective, that thread takes a core from a peer
-// rank, and it took the goroutine over in 4 calls out of 5 (LockOSThread around Gosched keeps the goroutine
-// but puts its thread to sleep for 40–60 µs per call instead). goyield is one of the runtime functions Go
+// rank, and it mostly took the goroutine over (LockOSThread around Gosched keeps the goroutine but puts its
+// thread to sleep on every call instead; docs/notes.md, Note [time slices in waits]). goyield is one of the runtime functions Go
 // keeps reachable by linkname for other modules, signature unchanged (go.dev/issue/67401); gVisor calls it.
 //
 //go:linkname yieldToOwnP runtime.goyield

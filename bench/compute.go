@@ -25,7 +25,7 @@ type computePlan struct {
 }
 
 // computeConfig is one way of computing a training step, chosen by the environment variables that
-// compute.New reads.
+// accel.Resolve reads.
 type computeConfig struct {
 	Name, Slug string
 	Env        []string

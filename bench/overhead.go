@@ -30,7 +30,13 @@ type gomlxTrainer struct {
 }
 
 func newGoMLXTrainer(cfg trainConfig, seed uint64) (*gomlxTrainer, error) {
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	// The compute section's children choose their kernels by environment variables: resolve them as an
+	// Accelerator would.
+	conf, err := accel.Resolve(accel.WithBackend("go"))
+	if err != nil {
+		return nil, err
+	}
+	backend, err := compute.New(conf.Compute)
 	if err != nil {
 		return nil, err
 	}

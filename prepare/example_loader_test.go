@@ -97,3 +97,49 @@ func ExampleSkipCheckpoint() {
 	// Output:
 	// train checkpointed: true eval checkpointed: false
 }
+
+// A loader's State is its place in the data; Restore on a fresh loader resumes there: the next iteration
+// yields the rest of that epoch's batches, skipping the consumed ones without computing them.
+func ExampleDataLoader_Restore() {
+	backend, err := compute.New(compute.Config{Backend: "go"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	values := []float32{0, 1, 2, 3, 4, 5}
+	source, err := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(values, 6)}, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	newLoader := func() *prepare.DataLoader {
+		state, _ := accumulate.NewGradientState(1, false)
+		rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
+		loader, err := prepare.NewDataLoader(rt, source, prepare.BatchSize(2))
+		if err != nil {
+			panic(err)
+		}
+		return loader
+	}
+	first := newLoader()
+	for range first.All() {
+		break // one batch consumed
+	}
+	saved := first.State()
+	fmt.Printf("saved: %+v\n", saved)
+	resumed := newLoader()
+	if err := resumed.Restore(saved); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Print("resumed:")
+	for batch := range resumed.All() {
+		fmt.Print(" ", batch.Indices)
+	}
+	fmt.Println()
+	fmt.Println(resumed.Restore(prepare.LoaderState{Epoch: 0, Position: 9}) != nil)
+	// Output:
+	// saved: {Epoch:0 Position:1}
+	// resumed: [2 3] [4 5]
+	// true
+}

@@ -47,3 +47,25 @@ func ExampleNewModel() {
 	// micro-batch 1 stepped: true
 	// buckets: 1 parameters: 2 steps: 1
 }
+
+// An optimizer's State holds its counters and the GoMLX optimizer's type; Restore refuses the state of
+// another kind of optimizer, whose variables would not fit this one.
+func ExampleOptimizer_State() {
+	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	state, _ := accumulate.NewGradientState(1, false)
+	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
+	model, _ := prepare.NewModel(rt, context.New(), func(ctx *context.Context, in []*Node) []*Node {
+		return []*Node{layers.Dense(ctx.In("linear"), in[0], true, 1)}
+	}, losses.MeanSquaredError)
+	opt, _ := prepare.NewOptimizer(model, optimizers.StochasticGradientDescent())
+	saved := opt.State()
+	fmt.Println(saved.Kind, saved.Steps)
+	saved.Steps = 7
+	fmt.Println(opt.Restore(saved), opt.Steps())
+	saved.Kind = "*optimizers.Adam"
+	fmt.Println(opt.Restore(saved) != nil, opt.Steps())
+	// Output:
+	// *optimizers.SGDConfig 0
+	// <nil> 7
+	// true 7
+}

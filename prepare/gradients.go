@@ -6,6 +6,9 @@ import (
 	"math"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
+
+	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/internal/floats"
 )
 
 // Gradients returns the model's gradient for every parameter, keyed by the variable's scope and name (as
@@ -19,8 +22,8 @@ func (m *Model) Gradients() (map[string]*tensors.Tensor, error) {
 		return nil, errors.New("prepare: gradients before the model was built: run Backward first")
 	}
 	factor := 1.0
-	if m.synced {
-		factor = m.syncScale
+	if m.reducer.Synced() {
+		factor = m.reducer.Scale()
 	}
 	grads := make(map[string]*tensors.Tensor, len(m.params))
 	for b, bucket := range m.plan.Buckets {
@@ -31,20 +34,8 @@ func (m *Model) Gradients() (map[string]*tensors.Tensor, error) {
 		err = value.ConstFlatData(func(flat any) {
 			for _, slot := range bucket.Slots {
 				param := m.plan.Params[slot.Param]
-				switch f := flat.(type) {
-				case []float32:
-					part := make([]float32, slot.Size)
-					for i := range part {
-						part[i] = float32(float64(f[slot.Offset+i]) * factor)
-					}
-					grads[param.Name] = tensors.FromFlatDataAndDimensions(part, param.Shape.Dimensions...)
-				case []float64:
-					part := make([]float64, slot.Size)
-					for i := range part {
-						part[i] = f[slot.Offset+i] * factor
-					}
-					grads[param.Name] = tensors.FromFlatDataAndDimensions(part, param.Shape.Dimensions...)
-				}
+				floats.Do(flat, gradientPart[float32](grads, param, slot, factor),
+					gradientPart[float64](grads, param, slot, factor))
 			}
 		})
 		if err != nil {
@@ -63,28 +54,19 @@ func (m *Model) ClipGradNorm(maxNorm float64) (norm float64, err error) {
 	if !(maxNorm > 0) {
 		return 0, fmt.Errorf("prepare: gradient clipping norm must be positive, got %g", maxNorm)
 	}
-	if !m.synced {
+	if !m.reducer.Synced() {
 		return 0, nil
 	}
 	var sumSquares float64
 	err = m.eachBucket(func(flat any) {
-		switch f := flat.(type) {
-		case []float32:
-			for _, x := range f {
-				sumSquares += float64(x) * float64(x)
-			}
-		case []float64:
-			for _, x := range f {
-				sumSquares += x * x
-			}
-		}
+		floats.Do(flat, addSquares[float32](&sumSquares), addSquares[float64](&sumSquares))
 	})
 	if err != nil {
 		return 0, err
 	}
-	norm = math.Sqrt(sumSquares) * m.syncScale
+	norm = math.Sqrt(sumSquares) * m.reducer.Scale()
 	if factor := maxNorm / (norm + 1e-6); factor < 1 {
-		err = m.eachBucket(func(flat any) { scaleFlatData(flat, factor) })
+		err = m.eachBucket(func(flat any) { floats.Scale(flat, factor) })
 	}
 	return norm, err
 }
@@ -96,22 +78,14 @@ func (m *Model) ClipGradValue(clip float64) error {
 	if !(clip > 0) || math.IsInf(clip, 0) {
 		return fmt.Errorf("prepare: gradient clipping value must be a positive number, got %g", clip)
 	}
-	if !m.synced {
+	if !m.reducer.Synced() {
 		return nil
 	}
-	// The accumulators hold the sum the optimizer scales by syncScale: clamp the sum to clip/syncScale.
-	limit := clip / m.syncScale
+	// The accumulators hold the sum the optimizer scales by the reducer's scale: clamp the sum to
+	// clip/scale.
+	limit := clip / m.reducer.Scale()
 	return m.eachBucket(func(flat any) {
-		switch f := flat.(type) {
-		case []float32:
-			for i, x := range f {
-				f[i] = float32(max(min(float64(x), limit), -limit))
-			}
-		case []float64:
-			for i, x := range f {
-				f[i] = max(min(x, limit), -limit)
-			}
-		}
+		floats.Do(flat, clamp[float32](limit), clamp[float64](limit))
 	})
 }
 
@@ -129,15 +103,33 @@ func (m *Model) eachBucket(fn func(flat any)) error {
 	return nil
 }
 
-func scaleFlatData(flat any, f float64) {
-	switch x := flat.(type) {
-	case []float32:
-		for i := range x {
-			x[i] *= float32(f)
+// gradientPart copies one parameter's slot out of a bucket, times factor, into grads.
+func gradientPart[F floats.Float](grads map[string]*tensors.Tensor, param accumulate.Param, slot accumulate.Slot,
+	factor float64) func([]F) bool {
+	return func(f []F) bool {
+		part := make([]F, slot.Size)
+		for i := range part {
+			part[i] = F(float64(f[slot.Offset+i]) * factor)
 		}
-	case []float64:
-		for i := range x {
-			x[i] *= f
+		grads[param.Name] = tensors.FromFlatDataAndDimensions(part, param.Shape.Dimensions...)
+		return true
+	}
+}
+
+func addSquares[F floats.Float](sum *float64) func([]F) bool {
+	return func(f []F) bool {
+		for _, x := range f {
+			*sum += float64(x) * float64(x)
 		}
+		return true
+	}
+}
+
+func clamp[F floats.Float](limit float64) func([]F) bool {
+	return func(f []F) bool {
+		for i, x := range f {
+			f[i] = F(max(min(float64(x), limit), -limit))
+		}
+		return true
 	}
 }

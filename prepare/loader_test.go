@@ -14,7 +14,6 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
-	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -529,7 +528,7 @@ func TestLoaderRestore(t *testing.T) {
 			rts := loaderRuntimes(t, size, 1)
 			loaders := newLoaders(t, rts, rangeSource(t, n), opts...)
 			for r, l := range loaders {
-				require.NoError(t, resume.Loader.Restore(l, 2, position))
+				require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 2, Position: position}))
 				assert.Equal(t, position, l.Position())
 				assert.Equal(t, 2, l.Epoch())
 				l.SetEpoch(2) // the usual loop calls SetEpoch with the restored epoch: it keeps the position
@@ -558,7 +557,7 @@ func TestLoaderRestore(t *testing.T) {
 	t.Run("SetEpoch to another epoch forgets the position", func(t *testing.T) {
 		loaders := newLoaders(t, loaderRuntimes(t, size, 1), rangeSource(t, n), opts...)
 		for r, l := range loaders {
-			require.NoError(t, resume.Loader.Restore(l, 2, 3))
+			require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 2, Position: 3}))
 			l.SetEpoch(3)
 			assert.Equal(t, indicesOf(ref3[r]), indicesOf(epochBatches(t, l)))
 		}
@@ -567,7 +566,7 @@ func TestLoaderRestore(t *testing.T) {
 	t.Run("out of range", func(t *testing.T) {
 		l := newLoaders(t, loaderRuntimes(t, 1, 1), rangeSource(t, n), opts...)[0]
 		for _, position := range []int{-1, l.Len() + 1, 100} {
-			err := resume.Loader.Restore(l, 1, position)
+			err := l.Restore(prepare.LoaderState{Epoch: 1, Position: position})
 			require.Error(t, err, "position %d", position)
 			assert.Contains(t, err.Error(), fmt.Sprint(position))
 		}
@@ -606,13 +605,13 @@ func TestLoaderPeekBatch(t *testing.T) {
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after an iteration (next epoch)", r))
 		l.SetEpoch(7)
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after SetEpoch", r))
-		require.NoError(t, resume.Loader.Restore(l, 4, 1))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Position: 1}))
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after Restore", r))
 	}
 
 	t.Run("restored at the end of an epoch", func(t *testing.T) {
 		l := loaders[0]
-		require.NoError(t, resume.Loader.Restore(l, 4, l.Len()))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Position: l.Len()}))
 		peeked, err := l.PeekBatch()
 		require.NoError(t, err, "a model can still be built from a loader restored at the end of an epoch")
 		assert.Equal(t, 4, peeked.Epoch)
@@ -725,7 +724,7 @@ func TestLoaderPositionFollowsSetEpoch(t *testing.T) {
 	assert.Equal(t, 1, l.Epoch())
 	assert.Zero(t, l.Position(), "epoch 1 has not started")
 
-	require.NoError(t, resume.Loader.Restore(l, 4, 2))
+	require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Position: 2}))
 	l.SetEpoch(4)
 	assert.Equal(t, 2, l.Position(), "SetEpoch with the restored epoch keeps the restored position")
 	l.SetEpoch(5)

@@ -3,7 +3,6 @@ package prepare
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -51,6 +51,8 @@ type Model struct {
 	params  []*context.Variable // trainable variables used by the model, registration order (= Plan.Params)
 	plan    accumulate.Plan
 	buckets []*context.Variable // accumulator per bucket
+	// reducer owns the synchronisation: it decides which micro-batches sync, syncs them, and keeps the
+	// state of the accumulators between optimizer steps.
 	reducer *accumulate.Reducer
 
 	microExec *context.Exec
@@ -66,16 +68,6 @@ type Model struct {
 	onMaterialize []func() error
 	// extraReplicated are variables (optimizer state) broadcast along with the model's.
 	extraReplicated func() []*context.Variable
-
-	// synced is set when the accumulators hold all-reduced gradients not yet applied; syncScale is the
-	// factor (1/world size, times the short-cycle correction) the optimizer multiplies them by.
-	synced    bool
-	syncScale float64
-	// dirty is set when the accumulators may hold non-zero values.
-	dirty bool
-
-	// localLossNonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank.
-	localLossNonFinite bool
 
 	// scheduleVars are the variables the model function updates in an optimizer scope (a learning-rate
 	// schedule's step counter and rate): their updates are kept only on the micro-batch whose optimizer
@@ -143,7 +135,8 @@ func (m *Model) Plan() accumulate.Plan { return m.plan }
 // Parameters are the trainable variables the model uses, in registration order (valid once materialised).
 func (m *Model) Parameters() []*context.Variable { return m.params }
 
-// Reducer is the model's gradient reducer (valid once materialised).
+// Reducer is the model's gradient reducer, which owns the accumulators and their synchronisation (valid
+// once materialised).
 func (m *Model) Reducer() *accumulate.Reducer { return m.reducer }
 
 // ComputeTime is the time spent running the model's micro-batch steps.
@@ -181,7 +174,9 @@ func (m *Model) Materialize(batch Batch) (err error) {
 		return fmt.Errorf("prepare: creating the training step: %w", err)
 	}
 	m.microExec.SetMaxCache(16)
-	m.reducer = accumulate.NewReducer(m.rt.Comm, m.plan)
+	m.reducer = accumulate.NewReducer(m.rt.Comm, m.plan, accumulate.WithGradientState(m.rt.State),
+		accumulate.WithAccumulators(m.buckets), accumulate.WithCommHook(m.rt.commHook()),
+		accumulate.WithSharding(m.rt.sharding()))
 	m.materialized = true
 	for _, hook := range m.onMaterialize {
 		if err := hook(); err != nil {
@@ -271,7 +266,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	// Scaling the scalar loss scales every gradient alike, for one multiply instead of a pass over every
 	// gradient byte per micro-batch (which the pure-Go backend runs as a broadcast and a multiply).
 	grads := Gradient(Mul(loss, ConvertDType(scale, loss.DType())), values...)
-	flats := m.plan.FlattenIntoBuckets(grads)
+	flats := bucketgraph.Flatten(m.plan, grads)
 	for b, acc := range m.buckets {
 		acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
 	}
@@ -404,11 +399,10 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 	if err := m.checkBatch(batch); err != nil {
 		return res, err
 	}
-	if m.synced {
-		return res, errors.New("prepare: Backward after a sync whose gradients were not applied: call the " +
-			"optimizer's Step (or ZeroGrad) first")
+	steps, err := m.reducer.BeginMicroBatch()
+	if err != nil {
+		return res, err
 	}
-	steps := m.rt.State.SyncGradients()
 	if steps && len(m.scheduleVars) > 0 {
 		if err := m.keepScheduleValues(); err != nil {
 			return res, err
@@ -437,23 +431,8 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 		}
 	}
 	m.microSteps++
-	m.dirty = true
-	m.rt.State.RecordMicroBatch(scale)
 	res.Loss = tensors.ToScalar[float64](out[0])
-	if !isFinite(res.Loss) {
-		m.localLossNonFinite = true
-	}
-	switch {
-	case steps:
-		if err := m.sync(); err != nil {
-			return res, err
-		}
-	case m.rt.State.ReduceThisStep():
-		if err := m.reduceMicroBatch(); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
+	return res, m.reducer.EndMicroBatch(scale, res.Loss)
 }
 
 // keepScheduleValues copies the schedule variables' values before the micro-batch that advances them, so
@@ -481,76 +460,6 @@ func (m *Model) rewindSchedule() error {
 		}
 	}
 	m.scheduleBefore = m.scheduleBefore[:0]
-	return nil
-}
-
-// allReduce sums the accumulators across ranks, in place.
-func (m *Model) allReduce() error {
-	buckets := make([]*tensors.Tensor, len(m.buckets))
-	for b, v := range m.buckets {
-		t, err := v.Value()
-		if err != nil {
-			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
-		}
-		buckets[b] = t
-	}
-	if m.localLossNonFinite {
-		// A NaN loss on one rank must stop the step on every rank: poisoning the sum makes every rank see a
-		// non-finite synced gradient, the same decision everywhere without another collective.
-		poisonFirstElement(buckets[0])
-		m.localLossNonFinite = false
-	}
-	return m.reducer.Sync(buckets)
-}
-
-// reduceMicroBatch all-reduces a micro-batch that does not step (sync each batch). The accumulators then
-// hold the ranks' sum, identical on every rank; dividing it by the world size leaves each rank holding one
-// N-th of it, so the next all-reduce, which adds every rank's share back, counts it exactly once beside
-// the new micro-batch's gradients. The scale is applied on the host: the accumulators are there already
-// after the all-reduce, and a power-of-two world size divides exactly.
-func (m *Model) reduceMicroBatch() error {
-	if err := m.allReduce(); err != nil {
-		return err
-	}
-	size := m.rt.Comm.Size()
-	if size == 1 {
-		return nil
-	}
-	for b, v := range m.buckets {
-		t, err := v.Value()
-		if err != nil {
-			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
-		}
-		if err := t.MutableFlatData(func(flat any) { scaleFlatData(flat, 1/float64(size)) }); err != nil {
-			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
-		}
-	}
-	return nil
-}
-
-// sync all-reduces the accumulators and records the factor that turns their sum into the mean.
-func (m *Model) sync() error {
-	if err := m.allReduce(); err != nil {
-		return err
-	}
-	m.synced = true
-	m.syncScale = m.rt.State.SyncCorrection() / float64(m.rt.Comm.Size())
-	m.rt.State.ResetMicroBatches()
-	return nil
-}
-
-// clearAccumulators zeroes the accumulators on the host: cheaper than a compiled step, and ZeroGrad is not
-// on the hot path (the optimizer's update already zeroes them).
-func (m *Model) clearAccumulators() error {
-	if m.dirty || m.synced {
-		for _, v := range m.buckets {
-			if err := v.SetValue(tensors.FromShape(v.Shape())); err != nil {
-				return fmt.Errorf("prepare: clearing accumulator %q: %w", v.ScopeAndName(), err)
-			}
-		}
-	}
-	m.dirty, m.synced, m.localLossNonFinite = false, false, false
-	m.rt.State.ResetMicroBatches()
 	return nil
 }
 
@@ -595,28 +504,6 @@ func tensorShapes(ts []*tensors.Tensor) []shapes.Shape {
 		s[i] = t.Shape()
 	}
 	return s
-}
-
-func isFinite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
-
-// poisonFirstElement writes NaN into the first element of a float bucket.
-func poisonFirstElement(t *tensors.Tensor) {
-	_ = t.MutableFlatData(func(flat any) {
-		switch f := flat.(type) {
-		case []float32:
-			if len(f) > 0 {
-				f[0] = float32(math.NaN())
-			}
-		case []float64:
-			if len(f) > 0 {
-				f[0] = math.NaN()
-			}
-		}
-	})
-}
-
-func (m *Model) restoreAccumulation(dirty bool) {
-	m.dirty, m.synced, m.localLossNonFinite = dirty, false, false
 }
 
 // FromTrainModelFn adapts a GoMLX train.ModelFn — the model function GoMLX's Trainer takes, with its spec

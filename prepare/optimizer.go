@@ -12,6 +12,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
+	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -149,7 +150,7 @@ func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
 		value := acc.ValueGraph(g)
 		buckets[b] = Mul(value, ConvertDType(scale, value.DType()))
 	}
-	grads := m.plan.SplitBuckets(buckets)
+	grads := bucketgraph.Unflatten(m.plan, buckets)
 	if o.clipNorm > 0 {
 		grads = clipByGlobalNorm(grads, o.clipNorm)
 	}
@@ -181,20 +182,20 @@ func clipByGlobalNorm(grads []*Node, maxNorm float64) []*Node {
 func (o *Optimizer) Step() (stepped bool, err error) {
 	defer recovered("prepare: optimizer step", &err)
 	m := o.model
-	if !m.rt.State.SyncGradients() || !m.synced {
+	if m.reducer == nil || !m.reducer.ReadyToApply() {
 		return false, nil
 	}
 	if o.applyExec == nil {
 		return false, errors.New("prepare: optimizer step before the model was built")
 	}
 	if o.nonFinite != NonFiniteApply {
-		finite, err := m.bucketsFinite()
+		finite, err := m.reducer.Finite()
 		if err != nil {
 			return false, err
 		}
 		if !finite {
 			refused := o.steps + o.skippedSteps + 1
-			if err := m.clearAccumulators(); err != nil {
+			if err := m.reducer.Clear(); err != nil {
 				return false, err
 			}
 			// A schedule in the model function counts applied steps only.
@@ -214,12 +215,12 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 		}
 	}
 	start := time.Now()
-	_, err = o.applyExec.Exec(m.scalars.get(m.syncScale))
+	_, err = o.applyExec.Exec(m.scalars.get(m.reducer.Scale()))
 	o.computeTime += time.Since(start)
 	if err != nil {
 		return false, fmt.Errorf("prepare: optimizer step: %w", err)
 	}
-	m.synced, m.dirty = false, false
+	m.reducer.Applied()
 	m.scheduleBefore = m.scheduleBefore[:0]
 	o.steps++
 	for _, fn := range o.afterStep {
@@ -233,10 +234,15 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 // ZeroGrad clears the accumulated gradients. Like Step it is a no-op on steps that did not sync
 // (SyncGradients reports which), so the same loop body works with and without accumulation.
 func (o *Optimizer) ZeroGrad() error {
-	if !o.model.rt.State.SyncGradients() {
+	m := o.model
+	if m.reducer == nil {
+		// Nothing accumulated in this model yet; a new accumulation starts all the same.
+		if m.rt.State.SyncGradients() {
+			m.rt.State.ResetMicroBatches()
+		}
 		return nil
 	}
-	return o.model.clearAccumulators()
+	return m.reducer.ZeroGrad()
 }
 
 // Steps is the number of optimizer steps applied.
@@ -247,39 +253,6 @@ func (o *Optimizer) SkippedSteps() int64 { return o.skippedSteps }
 
 // ComputeTime is the time spent in optimizer updates.
 func (o *Optimizer) ComputeTime() time.Duration { return o.computeTime }
-
-// bucketsFinite scans the synced accumulators on the host.
-func (m *Model) bucketsFinite() (bool, error) {
-	for _, v := range m.buckets {
-		t, err := v.Value()
-		if err != nil {
-			return false, err
-		}
-		finite := true
-		err = t.ConstFlatData(func(flat any) {
-			switch f := flat.(type) {
-			case []float32:
-				for _, x := range f {
-					if x-x != 0 { // NaN or ±Inf
-						finite = false
-						return
-					}
-				}
-			case []float64:
-				for _, x := range f {
-					if x-x != 0 {
-						finite = false
-						return
-					}
-				}
-			}
-		})
-		if err != nil || !finite {
-			return false, err
-		}
-	}
-	return true, nil
-}
 
 func (o *Optimizer) restore(steps, skipped int64) { o.steps, o.skippedSteps = steps, skipped }
 

@@ -3,49 +3,72 @@ package prepare
 import (
 	"fmt"
 
-	"github.com/gomlx/gomlx/pkg/ml/context"
-
 	"github.com/goaccel/goaccel/internal/replicas"
-	"github.com/goaccel/goaccel/internal/resume"
 )
 
-// The checkpoint hooks live in an internal package so that only goaccel's own SaveState/LoadState can reach
-// the accumulators, counters and positions they restore.
-func init() {
-	resume.Model = resume.ModelHooks{
-		Accumulators:        func(m any) []*context.Variable { return m.(*Model).buckets },
-		PendingSync:         func(m any) bool { return m.(*Model).synced },
-		RestoreAccumulation: func(m any, accumulating bool) { m.(*Model).restoreAccumulation(accumulating) },
-	}
-	resume.Optimizer = resume.OptimizerHooks{
-		Restore: func(o any, steps, skipped int64) { o.(*Optimizer).restore(steps, skipped) },
-		Kind:    func(o any) string { return fmt.Sprintf("%T", o.(*Optimizer).optimizer) },
-		Describe: func(o any) string {
-			opt := o.(*Optimizer)
-			return fmt.Sprintf("%s, gradient clipping norm %g, non-finite policy %v", replicas.Describe(opt.optimizer),
-				opt.clipNorm, opt.nonFinite)
-		},
-	}
-	resume.Loader = resume.LoaderHooks{
-		Restore:  func(l any, epoch, position int) error { return l.(*DataLoader).restore(epoch, position) },
-		Peekable: func(l any) bool { return l.(*DataLoader).source != nil },
-		CheckRestore: func(l any, epoch, position int) error {
-			return l.(*DataLoader).checkRestore(epoch, position)
-		},
-	}
+// OptimizerState is what a checkpoint keeps of a prepared optimizer besides its variables.
+type OptimizerState struct {
+	// Steps and Skipped count the applied steps and those the NonFiniteSkip policy skipped.
+	Steps, Skipped int64
+	// Kind is the GoMLX optimizer's Go type: another optimizer's state must not be loaded into this one.
+	Kind string
 }
 
-// checkRestore returns the error restore would return for epoch and position, and refuses a negative
-// epoch, without changing anything.
-func (l *DataLoader) checkRestore(epoch, position int) error {
-	if epoch < 0 {
-		return fmt.Errorf("prepare: cannot resume in epoch %d: epochs count from 0", epoch)
+// State returns the optimizer's counters and kind, for a checkpoint.
+func (o *Optimizer) State() OptimizerState {
+	return OptimizerState{Steps: o.steps, Skipped: o.skippedSteps, Kind: fmt.Sprintf("%T", o.optimizer)}
+}
+
+// Restore sets the optimizer's counters from a checkpoint. A state of another kind of optimizer is refused
+// (an empty Kind, from a checkpoint that did not record it, is accepted).
+func (o *Optimizer) Restore(s OptimizerState) error {
+	if kind := o.State().Kind; s.Kind != "" && s.Kind != kind {
+		return fmt.Errorf("prepare: optimizer state of a %s cannot be restored into a %s", s.Kind, kind)
 	}
-	if position < 0 {
-		return fmt.Errorf("prepare: cannot resume at batch %d: positions count batches from 0", position)
+	if s.Steps < 0 || s.Skipped < 0 {
+		return fmt.Errorf("prepare: optimizer state has negative step counts (%d applied, %d skipped)", s.Steps, s.Skipped)
 	}
-	if l.source != nil && position > l.Len() {
-		return fmt.Errorf("prepare: cannot resume at batch %d of an epoch of %d batches", position, l.Len())
+	o.steps, o.skippedSteps = s.Steps, s.Skipped
+	return nil
+}
+
+// Describe renders the optimizer's whole configuration (type, hyperparameters, clipping, non-finite
+// policy), which every rank of a job must share.
+func (o *Optimizer) Describe() string {
+	return fmt.Sprintf("%s, gradient clipping norm %g, non-finite policy %v", replicas.Describe(o.optimizer),
+		o.clipNorm, o.nonFinite)
+}
+
+// LoaderState is a data loader's place in its data: the epoch and the number of batches of it consumed.
+type LoaderState struct {
+	Epoch, Position int
+}
+
+// State returns the loader's place, for a checkpoint.
+func (l *DataLoader) State() LoaderState { return LoaderState{Epoch: l.epoch, Position: l.position} }
+
+// Restore makes the next iteration yield s.Epoch's batches from batch s.Position on, skipping the batches
+// consumed before the checkpoint without computing them.
+func (l *DataLoader) Restore(s LoaderState) error {
+	if err := l.CheckRestore(s); err != nil {
+		return err
+	}
+	return l.restore(s.Epoch, s.Position)
+}
+
+// CheckRestore returns the error Restore would return for s, without changing anything.
+func (l *DataLoader) CheckRestore(s LoaderState) error {
+	if s.Epoch < 0 {
+		return fmt.Errorf("prepare: cannot resume in epoch %d: epochs count from 0", s.Epoch)
+	}
+	if s.Position < 0 {
+		return fmt.Errorf("prepare: cannot resume at batch %d: positions count batches from 0", s.Position)
+	}
+	if l.source != nil && s.Position > l.Len() {
+		return fmt.Errorf("prepare: cannot resume at batch %d of an epoch of %d batches", s.Position, l.Len())
 	}
 	return nil
 }
+
+// Peekable reports whether PeekBatch works: the loader has an indexable source, not a stream.
+func (l *DataLoader) Peekable() bool { return l.source != nil }

@@ -22,6 +22,26 @@ type Runtime struct {
 
 	FirstBucketBytes int64
 	BucketCapBytes   int64
+
+	// CommHook carries gradient buckets between ranks (nil: accumulate.IdentityHook), and Sharding decides
+	// which rank holds which part of the synchronised gradients (nil: accumulate.Replicated). See the
+	// reducer in package accumulate.
+	CommHook accumulate.CommHook
+	Sharding accumulate.Sharding
+}
+
+func (rt *Runtime) commHook() accumulate.CommHook {
+	if rt.CommHook == nil {
+		return accumulate.IdentityHook{}
+	}
+	return rt.CommHook
+}
+
+func (rt *Runtime) sharding() accumulate.Sharding {
+	if rt.Sharding == nil {
+		return accumulate.Replicated{}
+	}
+	return rt.Sharding
 }
 
 func (rt *Runtime) validate() error {

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/resume"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -267,7 +266,7 @@ func TestStreamLoaderRestore(t *testing.T) {
 		ds := newListDataset(7, 2, 1) // rounds {0,1} {2,3} {4,5} {6,pad}
 		l, err := prepare.NewStreamLoader(rt, ds)
 		require.NoError(t, err)
-		require.NoError(t, resume.Loader.Restore(l, 3, 2))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 3, Position: 2}))
 		var ids, steps []int
 		for batch, err := range l.All() {
 			require.NoError(t, err)
@@ -279,7 +278,7 @@ func TestStreamLoaderRestore(t *testing.T) {
 		assert.Equal(t, [][]int{{4, 6}, {5, 6}}[r], ids, "rank %d", r)
 
 		// Past the end: nothing left, and no error.
-		require.NoError(t, resume.Loader.Restore(l, 3, 10))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 3, Position: 10}))
 		assert.Empty(t, runStream(t, rt, l).ids)
 		// The next iteration is a whole epoch.
 		run := runStream(t, rt, l)
@@ -287,7 +286,7 @@ func TestStreamLoaderRestore(t *testing.T) {
 		assert.Equal(t, [][]int{{0, 2, 4, 6}, {1, 3, 5, 6}}[r], run.ids)
 		assert.Equal(t, 4, l.Epoch())
 
-		require.Error(t, resume.Loader.Restore(l, 0, -1))
+		require.Error(t, l.Restore(prepare.LoaderState{Epoch: 0, Position: -1}))
 	}
 }
 

@@ -19,20 +19,31 @@ import (
 
 // Config selects the GoMLX compute backend.
 type Config struct {
-	// Backend is a GoMLX backend configuration such as "go", "xla:cpu" or "xla:cuda". Empty means: the
-	// GOMLX_BACKEND environment variable if set, else XLA if a PJRT plugin is already installed, else the
-	// pure-Go backend.
+	// Backend is a GoMLX backend configuration such as "go", "xla:cpu" or "xla:cuda". Empty means: XLA if a
+	// PJRT plugin is already installed, else the pure-Go backend.
 	Backend string
+	// BackendSource says what asked for Backend, for messages: empty for a program's option, else the
+	// environment variable it came from (accel's configuration sets it for GOMLX_BACKEND).
+	BackendSource string
 	// AllowDownloads lets GoMLX download PJRT plugins at run time. Off by default: a training job should not
 	// depend on the network, and without one the download makes backend creation fail or panic.
 	AllowDownloads bool
 	// LocalRank and LocalSize place the process on the GPU of its local rank when several ranks share a node,
 	// and give it its share of the node's cores for BLAS threads.
 	LocalRank, LocalSize int
-	// Threads overrides the compute threads of this process (default: cores / LocalSize, or
-	// GOACCEL_BLAS_THREADS): its BLAS threads, and with 1 the pure-Go backend runs a graph's operations one
+	// Threads overrides the compute threads of this process (default: cores / LocalSize; ThreadsEnvVar in
+	// accel's configuration): its BLAS threads, and with 1 the pure-Go backend runs a graph's operations one
 	// after another.
 	Threads int
+	// Gradients is "gemm" (the default when empty) or "gomlx", and Matmul "blas" (the default when empty)
+	// or "go": see GradientsEnvVar and MatmulEnvVar, which accel's configuration reads into them.
+	Gradients, Matmul string
+	// Convolutions is "kernel" (the default when empty) or "graph": see ConvEnvVar, which accel's
+	// configuration reads into it.
+	Convolutions string
+	// VisibleDevices is the CUDA_VISIBLE_DEVICES the process started with (accel's configuration reads it):
+	// with several local ranks, each keeps the device of its local rank.
+	VisibleDevices string
 }
 
 // PureGo is the GoMLX configuration of the pure-Go backend: no cgo, no plugin, no network.
@@ -41,10 +52,10 @@ const PureGo = simplego.BackendName
 // Resolve returns the GoMLX backend configuration that New would use, and why.
 func Resolve(cfg Config) (config, reason string) {
 	if cfg.Backend != "" {
+		if cfg.BackendSource != "" {
+			return cfg.Backend, "requested by " + cfg.BackendSource
+		}
 		return cfg.Backend, "requested by option"
-	}
-	if env := os.Getenv(backends.ConfigEnvVar); env != "" {
-		return env, "requested by " + backends.ConfigEnvVar
 	}
 	configureDownloads(cfg.AllowDownloads)
 	if plugins := xla.GetAvailablePlugins(); len(plugins) > 0 {
@@ -123,7 +134,7 @@ func scheduleOps(cfg Config, config string) (string, error) {
 func newBackend(cfg Config, config, reason string) (backend backends.Backend, err error) {
 	name, _, _ := strings.Cut(config, ":")
 	if name == "xla" {
-		if devices, ok := visibleDeviceForRank(os.Getenv("CUDA_VISIBLE_DEVICES"), cfg.LocalRank, cfg.LocalSize); ok {
+		if devices, ok := visibleDeviceForRank(cfg.VisibleDevices, cfg.LocalRank, cfg.LocalSize); ok {
 			_ = os.Setenv("CUDA_VISIBLE_DEVICES", devices)
 		}
 	}
@@ -146,7 +157,7 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 		// pooling's gradient. Either convkernel's executors replace them (Extend adds the missing op; the
 		// executors are installed with the other kernels), or, for comparisons, the graph lowering builds
 		// them from slices and dots.
-		form, err := convolutionForm()
+		form, err := convolutionForm(cfg)
 		if err != nil {
 			return nil, err
 		}

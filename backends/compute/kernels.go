@@ -2,10 +2,8 @@ package compute
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -36,9 +34,9 @@ const (
 	ConvEnvVar = "GOACCEL_CONV"
 )
 
-// convolutionForm reads ConvEnvVar.
-func convolutionForm() (convgrad.Form, error) {
-	switch c := os.Getenv(ConvEnvVar); c {
+// convolutionForm reads Config.Convolutions.
+func convolutionForm(cfg Config) (convgrad.Form, error) {
+	switch c := cfg.Convolutions; c {
 	case "", "kernel":
 		return convgrad.AsConvolutions, nil
 	case "graph":
@@ -114,11 +112,11 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 			err = fmt.Errorf("compute: setting up the pure-Go backend's kernels: %v", r)
 		}
 	}()
-	form, err := convolutionForm()
+	form, err := convolutionForm(cfg)
 	if err != nil {
 		return err
 	}
-	switch g := os.Getenv(GradientsEnvVar); g {
+	switch g := cfg.Gradients; g {
 	case "", "gemm":
 		gemmgrad.Register()
 		convgrad.Register()
@@ -142,7 +140,7 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 	} else {
 		convkernel.Uninstall()
 	}
-	switch m := os.Getenv(MatmulEnvVar); m {
+	switch m := cfg.Matmul; m {
 	case "", "blas":
 		if !blas.Built && m == "blas" {
 			return fmt.Errorf("compute: %s=blas but this binary was built without BLAS: rebuild with "+
@@ -168,13 +166,6 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 func threadBudget(cfg Config) (int, error) {
 	if cfg.Threads > 0 {
 		return cfg.Threads, nil
-	}
-	if env := os.Getenv(ThreadsEnvVar); env != "" {
-		n, err := strconv.Atoi(strings.TrimSpace(env))
-		if err != nil || n < 1 {
-			return 0, fmt.Errorf("compute: %s=%q: want a positive number of threads", ThreadsEnvVar, env)
-		}
-		return n, nil
 	}
 	return max(1, runtime.NumCPU()/max(1, cfg.LocalSize)), nil
 }

@@ -4,7 +4,9 @@
 //
 // Check runs a fixed sequence of collectives — all-reduces of every element kind with rank-dependent values
 // and lengths 0, 1, 7 and about a million; several all-reduces in flight at once, waited in a different
-// order than started; a broadcast from every root; all-gathers; barriers; and calls the Communicator must
+// order than started; a broadcast from every root; all-gathers; reduce-scatters of every kind, and a
+// sharded gradient sync (reduce-scatter, then all-gather of the summed shards) with both halves in flight
+// beside an all-reduce; barriers; and calls the Communicator must
 // reject without talking — and verifies every result exactly. The values are chosen so that sums are exact
 // in any reduction order (integers and small binary fractions for floats; uint8 sums wrap modulo 256, as in
 // C), so an engine free to reorder its reduction still has exactly one right answer. Finally it checks that
@@ -62,6 +64,8 @@ func Check(comm *backends.Communicator, opts ...Option) error {
 		c.asyncAllReduces,
 		c.broadcasts,
 		c.allGathers,
+		c.reduceScatters,
+		c.shardedSync,
 		c.barriers,
 		c.rejectedCalls,
 	}
@@ -83,7 +87,7 @@ type checker struct {
 	rank, size int
 	before     backends.Stats
 	// wantCalls and wantBytes are what the counters must have grown by, per operation.
-	wantCalls, wantBytes [backends.OpBarrier + 1]int64
+	wantCalls, wantBytes [backends.NumOps]int64
 	wrong                []error
 }
 
@@ -114,6 +118,8 @@ type kindCase struct {
 	sum func(size, n int) any
 	// concat returns fill(0, n), fill(1, n), ... fill(size-1, n) end to end.
 	concat func(size, n int) any
+	// slice returns buf's elements [from, to).
+	slice func(buf any, from, to int) any
 	// compare describes the first difference between got and want, or returns nil.
 	compare func(got, want any) error
 }
@@ -148,6 +154,7 @@ func newKindCase[T elem](kind backends.ElementKind, value func(rank, i int) T) k
 			}
 			return b
 		},
+		slice: func(buf any, from, to int) any { return buf.([]T)[from:to] },
 		compare: func(gotAny, wantAny any) error {
 			got, want := gotAny.([]T), wantAny.([]T)
 			if len(got) != len(want) {
@@ -320,6 +327,73 @@ func (c *checker) allGathers() error {
 	return gather(kindCases[1], 1<<15)
 }
 
+// reduceScatters sums every kind's buffers of Size() blocks and checks that each rank got its block of the
+// sum, for blocks of 0, 1 and 7 elements and a large one.
+func (c *checker) reduceScatters() error {
+	for _, kc := range kindCases {
+		for _, n := range []int{0, 1, 7, 4099} {
+			send := kc.fill(c.rank, n*c.size)
+			recv := kc.fill(c.size+3, n) // garbage that must be overwritten
+			if err := c.comm.ReduceScatterSum(send, recv); err != nil {
+				return fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err)
+			}
+			c.count(backends.OpReduceScatter, n*c.size*kc.elemSize)
+			want := kc.slice(kc.sum(c.size, n*c.size), c.rank*n, (c.rank+1)*n)
+			if err := kc.compare(recv, want); err != nil {
+				c.fail(fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err))
+			}
+			if err := kc.compare(send, kc.fill(c.rank, n*c.size)); err != nil {
+				c.fail(fmt.Errorf("reduce-scatter %s[%d] changed its send buffer: %w", kc.kind, n*c.size, err))
+			}
+		}
+	}
+	return nil
+}
+
+// shardedSync is the collective pattern of a ZeRO-1 gradient sync: each rank reduce-scatters a bucket,
+// owns the sum of its shard, and all-gathers the shards back into a whole bucket; an all-reduce of another
+// bucket stays in flight across both halves, as a bucketed sync keeps several buckets in flight. The
+// gathered bucket must equal the all-reduced one.
+func (c *checker) shardedSync() error {
+	kc := kindCases[1] // float64: every sum exact
+	const shard = 1 << 12
+	other := kc.fill(c.rank, 3*shard)
+	inFlight, err := c.comm.AllReduceSumAsync(other)
+	if err != nil {
+		return fmt.Errorf("sharded sync: starting the all-reduce beside it: %w", err)
+	}
+	c.count(backends.OpAllReduce, 3*shard*kc.elemSize)
+	bucket := kc.fill(c.rank, shard*c.size)
+	mine := kc.fill(0, shard)
+	scatter, err := c.comm.ReduceScatterSumAsync(bucket, mine)
+	if err != nil {
+		return fmt.Errorf("sharded sync: starting the reduce-scatter: %w", err)
+	}
+	c.count(backends.OpReduceScatter, shard*c.size*kc.elemSize)
+	if err := scatter.Wait(); err != nil {
+		return fmt.Errorf("sharded sync: reduce-scatter: %w", err)
+	}
+	gathered := kc.fill(c.size+5, shard*c.size)
+	gather, err := c.comm.AllGatherAsync(mine, gathered)
+	if err != nil {
+		return fmt.Errorf("sharded sync: starting the all-gather: %w", err)
+	}
+	c.count(backends.OpAllGather, shard*kc.elemSize)
+	if err := gather.Wait(); err != nil {
+		return fmt.Errorf("sharded sync: all-gather: %w", err)
+	}
+	if err := inFlight.Wait(); err != nil {
+		return fmt.Errorf("sharded sync: the all-reduce beside it: %w", err)
+	}
+	if err := kc.compare(gathered, kc.sum(c.size, shard*c.size)); err != nil {
+		c.fail(fmt.Errorf("sharded sync: gathered shards: %w", err))
+	}
+	if err := kc.compare(other, kc.sum(c.size, 3*shard)); err != nil {
+		c.fail(fmt.Errorf("sharded sync: the all-reduce beside it: %w", err))
+	}
+	return nil
+}
+
 func (c *checker) barriers() error {
 	for i := range 3 {
 		if err := c.comm.Barrier(); err != nil {
@@ -346,6 +420,15 @@ func (c *checker) rejectedCalls() error {
 		{"all-gather across kinds", func() error {
 			return c.comm.AllGather([]int32{1}, make([]int64, c.size))
 		}},
+		{"reduce-scatter into a long buffer", func() error {
+			return c.comm.ReduceScatterSum(make([]float32, 2*c.size), make([]float32, 3))
+		}},
+		{"reduce-scatter across kinds", func() error {
+			return c.comm.ReduceScatterSum(make([]float32, c.size), make([]float64, 1))
+		}},
+		{"reduce-scatter of []int16", func() error {
+			return c.comm.ReduceScatterSum(make([]int16, c.size), make([]int16, 1))
+		}},
 	}
 	for _, r := range rejected {
 		if err := r.call(); err == nil {
@@ -365,7 +448,7 @@ func (c *checker) rejectedCalls() error {
 
 func (c *checker) checkStats() {
 	delta := c.comm.Stats().Sub(c.before)
-	for op := backends.OpAllReduce; op <= backends.OpBarrier; op++ {
+	for op := range backends.Op(backends.NumOps) {
 		got := delta.Of(op)
 		if got.Calls != c.wantCalls[op] || got.Bytes != c.wantBytes[op] {
 			c.fail(fmt.Errorf("counters: %s counted %d calls and %d bytes, want %d calls and %d bytes",

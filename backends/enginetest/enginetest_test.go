@@ -80,11 +80,12 @@ type pendingForever struct{}
 
 func (pendingForever) Test() (bool, error) { return false, nil }
 
-func (e faultyEngine) StartAllReduceSum(buf any) (backends.Request, error) {
+func (e faultyEngine) StartAllReduceSum(buf backends.Buffer) (backends.Request, error) {
 	switch e.fault {
 	case "phantom rank":
 		// Sums in a rank that is not there: float32 buffers come back doubled.
-		if b, ok := buf.([]float32); ok {
+		if buf.Kind == backends.Float32 {
+			b := backends.View[float32](buf)
 			for i := range b {
 				b[i] *= 2
 			}
@@ -92,7 +93,8 @@ func (e faultyEngine) StartAllReduceSum(buf any) (backends.Request, error) {
 	case "saturating uint8":
 		// Open MPI 4.1's AVX kernels: uint8 sums clamp at 255 on long buffers instead of wrapping. With one
 		// rank nothing overflows, so this fault clamps what would overflow with a second copy.
-		if b, ok := buf.([]uint8); ok && len(b) >= 64 {
+		if b := buf; b.Kind == backends.Uint8 && b.Len >= 64 {
+			b := backends.View[uint8](b)
 			for i := range b {
 				if int(b[i])*2 > 255 {
 					b[i] = 255
@@ -107,16 +109,24 @@ func (e faultyEngine) StartAllReduceSum(buf any) (backends.Request, error) {
 	return e.Engine.StartAllReduceSum(buf)
 }
 
-func (e faultyEngine) StartBroadcast(buf any, root int) (backends.Request, error) {
-	if e.fault == "broadcast scribbles" {
-		if b, ok := buf.([]int64); ok && len(b) > 0 {
-			b[len(b)-1]++
-		}
+func (e faultyEngine) StartBroadcast(buf backends.Buffer, root int) (backends.Request, error) {
+	if e.fault == "broadcast scribbles" && buf.Kind == backends.Int64 && buf.Len > 0 {
+		b := backends.View[int64](buf)
+		b[len(b)-1]++
 	}
 	return e.Engine.StartBroadcast(buf, root)
 }
 
-func (e faultyEngine) StartAllGather(send, recv any) (backends.Request, error) {
+func (e faultyEngine) StartReduceScatterSum(send, recv backends.Buffer) (backends.Request, error) {
+	if e.fault == "scatter drops the tail" && recv.Len > 1 {
+		// Delivers all but the last element of the block.
+		req, err := e.Engine.StartReduceScatterSum(send.Slice(0, send.Len-1), recv.Slice(0, recv.Len-1))
+		return req, err
+	}
+	return e.Engine.StartReduceScatterSum(send, recv)
+}
+
+func (e faultyEngine) StartAllGather(send, recv backends.Buffer) (backends.Request, error) {
 	if e.fault == "gather ignores recv" {
 		return e.Engine.StartBarrier()
 	}
@@ -132,6 +142,7 @@ func TestCheckCatchesFaultyEngines(t *testing.T) {
 		{"saturating uint8", "all-reduce uint8[1048576]: element 0 is 255, want 200"},
 		{"broadcast scribbles", "broadcast int64[260] from root 0: element 259"},
 		{"gather ignores recv", "all-gather float32[5]: element 0"},
+		{"scatter drops the tail", "reduce-scatter float32[7]: element 6"},
 		{"hangs", "all-reduce of 0 bytes did not complete within 100ms"},
 		{"fails", "starting all-reduce: link down"},
 	}

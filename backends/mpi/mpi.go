@@ -67,6 +67,11 @@ static int goaccel_iallreduce_sum(void *buf, int count, int kind, MPI_Comm comm,
 	return MPI_Iallreduce(MPI_IN_PLACE, goaccel_buf(buf), count, goaccel_datatype(kind), op, comm, req);
 }
 
+static int goaccel_ireduce_scatter_sum(void *send, void *recv, int count, int kind, MPI_Comm comm, MPI_Request *req) {
+	MPI_Op op = kind == 4 ? goaccel_op_sum_uint8 : MPI_SUM;
+	return MPI_Ireduce_scatter_block(goaccel_buf(send), goaccel_buf(recv), count, goaccel_datatype(kind), op, comm, req);
+}
+
 static int goaccel_ibcast(void *buf, int count, int kind, int root, MPI_Comm comm, MPI_Request *req) {
 	return MPI_Ibcast(goaccel_buf(buf), count, goaccel_datatype(kind), root, comm, req);
 }
@@ -78,8 +83,7 @@ static int goaccel_iallgather(void *send, void *recv, int count, int kind, MPI_C
 
 // goaccel_test polls a request in C for up to budget_ns, at least 64 times: non-blocking collectives
 // progress only inside MPI calls, and a C loop drives them at MPI_Wait's cadence, where a return to Go
-// between polls leaves the peers' messages waiting (measured: a 1 MB all-reduce on 2 ranks took 1.35×
-// MPI's C loop when Go polled 64 tests at a time, 1.1× when one C call waited it out). The bound keeps
+// between polls leaves the peers' messages waiting (docs/notes.md, Note [MPI polling in C]). The bound keeps
 // each call short, so Go's wait loop, its watchdog and its peer checks still run: they work at
 // milliseconds to minutes.
 static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
@@ -290,8 +294,7 @@ type noticeSend struct {
 // launcher); backends.Open compares the two afterwards.
 // pollBudget is how long one Test polls in C when every rank of the node has a core. Ranks outnumbering
 // the cores poll once per Test instead, and the communicator yields between Tests so their peers run:
-// spinning in C there starved them (4 ranks on 2 cores: 1 MB all-reduces at 0.56× MPI's bandwidth against
-// 0.80× polling once).
+// spinning in C there starved them (docs/notes.md, Note [MPI polling in C]).
 const pollBudget = 200 * time.Microsecond
 
 func open(topo backends.Topology) (backends.Engine, error) {
@@ -349,7 +352,7 @@ type request struct {
 }
 
 // start pins the buffers, allocates the request handle and calls startFn. Call it with mpiMu held.
-func (e *engine) start(call string, startFn func(handle *C.MPI_Request) C.int, bufs ...backends.BufferInfo) (backends.Request, error) {
+func (e *engine) start(call string, startFn func(handle *C.MPI_Request) C.int, bufs ...backends.Buffer) (backends.Request, error) {
 	if e.closed {
 		return nil, backends.ErrClosed
 	}
@@ -399,56 +402,44 @@ func (r *request) Test() (bool, error) {
 	return true, nil
 }
 
-func elements(buf any) (backends.BufferInfo, error) {
-	bi, err := backends.Elements(buf)
-	if err != nil {
-		return bi, fmt.Errorf("mpi: %w", err)
-	}
-	return bi, nil
-}
-
-func (e *engine) StartAllReduceSum(buf any) (backends.Request, error) {
-	bi, err := elements(buf)
-	if err != nil {
-		return nil, err
-	}
+func (e *engine) StartAllReduceSum(b backends.Buffer) (backends.Request, error) {
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	return e.start("MPI_Iallreduce", func(h *C.MPI_Request) C.int {
-		return C.goaccel_iallreduce_sum(bi.Ptr, C.int(bi.Len), C.int(bi.Kind), e.comm, h)
-	}, bi)
+		return C.goaccel_iallreduce_sum(b.Ptr, C.int(b.Len), C.int(b.Kind), e.comm, h)
+	}, b)
 }
 
-func (e *engine) StartBroadcast(buf any, root int) (backends.Request, error) {
-	bi, err := elements(buf)
-	if err != nil {
-		return nil, err
+func (e *engine) StartReduceScatterSum(send, recv backends.Buffer) (backends.Request, error) {
+	if send.Kind != recv.Kind || send.Len != recv.Len*e.size {
+		return nil, fmt.Errorf("mpi: reduce-scatter of %s[%d] over %d ranks needs a %s[%d] receive buffer, got %s[%d]",
+			send.Kind, send.Len, e.size, send.Kind, send.Len/max(e.size, 1), recv.Kind, recv.Len)
 	}
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
-	return e.start("MPI_Ibcast", func(h *C.MPI_Request) C.int {
-		return C.goaccel_ibcast(bi.Ptr, C.int(bi.Len), C.int(bi.Kind), C.int(root), e.comm, h)
-	}, bi)
+	return e.start("MPI_Ireduce_scatter_block", func(h *C.MPI_Request) C.int {
+		return C.goaccel_ireduce_scatter_sum(send.Ptr, recv.Ptr, C.int(recv.Len), C.int(recv.Kind), e.comm, h)
+	}, send, recv)
 }
 
-func (e *engine) StartAllGather(send, recv any) (backends.Request, error) {
-	si, err := elements(send)
-	if err != nil {
-		return nil, err
-	}
-	ri, err := elements(recv)
-	if err != nil {
-		return nil, err
-	}
-	if si.Kind != ri.Kind || ri.Len != si.Len*e.size {
+func (e *engine) StartBroadcast(b backends.Buffer, root int) (backends.Request, error) {
+	mpiMu.Lock()
+	defer mpiMu.Unlock()
+	return e.start("MPI_Ibcast", func(h *C.MPI_Request) C.int {
+		return C.goaccel_ibcast(b.Ptr, C.int(b.Len), C.int(b.Kind), C.int(root), e.comm, h)
+	}, b)
+}
+
+func (e *engine) StartAllGather(send, recv backends.Buffer) (backends.Request, error) {
+	if send.Kind != recv.Kind || recv.Len != send.Len*e.size {
 		return nil, fmt.Errorf("mpi: all-gather of %s[%d] over %d ranks needs a %s[%d] receive buffer, got %s[%d]",
-			si.Kind, si.Len, e.size, si.Kind, si.Len*e.size, ri.Kind, ri.Len)
+			send.Kind, send.Len, e.size, send.Kind, send.Len*e.size, recv.Kind, recv.Len)
 	}
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	return e.start("MPI_Iallgather", func(h *C.MPI_Request) C.int {
-		return C.goaccel_iallgather(si.Ptr, ri.Ptr, C.int(si.Len), C.int(si.Kind), e.comm, h)
-	}, si, ri)
+		return C.goaccel_iallgather(send.Ptr, recv.Ptr, C.int(send.Len), C.int(send.Kind), e.comm, h)
+	}, send, recv)
 }
 
 func (e *engine) StartBarrier() (backends.Request, error) {

@@ -12,8 +12,8 @@ import "os"
 
 // libnbcIallreduceAlgorithm is Open MPI's MCA variable choosing MPI_Iallreduce's algorithm. Open MPI 4.1
 // picks a binomial tree (the whole buffer reduced to one rank, then broadcast back) for in-place calls or
-// fewer than 4 ranks, and goaccel's bucket all-reduces are always in place: measured here, that halves the
-// bandwidth of a 1-64 MB all-reduce against blocking MPI_Allreduce (docs/benchmarks.md §1). The ring (1)
+// fewer than 4 ranks, and goaccel's bucket all-reduces are always in place, which costs much of the
+// bandwidth of large all-reduces (docs/notes.md, Note [in-place iallreduce algorithm]). The ring (1)
 // handles in-place buffers and moves 2(N-1)/N of the buffer per rank, as MPI_Allreduce's algorithms do.
 const libnbcIallreduceAlgorithm = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 

@@ -14,6 +14,7 @@ import (
 
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 
+	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/backends/mpi"
@@ -98,10 +99,22 @@ func environmentReport(startAnyBackend bool) []entry {
 	}
 	entries = append(entries, entry{"Launcher MCA defaults", mca})
 
-	config, reason := compute.Resolve(compute.Config{})
+	// The configuration an Accelerator started here would resolve: the environment, read in one place.
+	resolved, err := accel.Resolve()
+	if err != nil {
+		entries = append(entries, entry{"Configuration", "error: " + err.Error()})
+		entries = append(entries, entry{"Environment", environment})
+		return entries
+	}
+	entries = append(entries, entry{"Configuration", fmt.Sprintf("collective timeout %s, debug mode %t, "+
+		"replica check %t", resolved.CollectiveTimeout, resolved.Debug, resolved.ReplicaCheck)})
+	computeCfg := resolved.Compute
+	computeCfg.LocalRank, computeCfg.LocalSize = topo.LocalRank, topo.LocalSize
+	config, reason := compute.Resolve(computeCfg)
+	computeCfg.Backend = config
 	entries = append(entries, entry{"Compute backend", fmt.Sprintf("%s (%s)", config, reason)})
-	entries = append(entries, entry{"Compute devices", describeDevices(config, startAnyBackend, topo)})
-	entries = append(entries, describeKernels(config, topo)...)
+	entries = append(entries, entry{"Compute devices", describeDevices(computeCfg, startAnyBackend)})
+	entries = append(entries, describeKernels(computeCfg, topo)...)
 
 	entries = append(entries, entry{"Environment", environment})
 	return entries
@@ -151,13 +164,12 @@ func describeMPIRun() string {
 
 // describeDevices starts the compute backend when that is cheap (the pure-Go one) or asked for, and lists
 // its devices.
-func describeDevices(config string, startAnyBackend bool, topo backends.Topology) string {
-	name, _, _ := strings.Cut(config, ":")
+func describeDevices(cfg compute.Config, startAnyBackend bool) string {
+	name, _, _ := strings.Cut(cfg.Backend, ":")
 	if name != compute.PureGo && !startAnyBackend {
-		return "not started (run `accel env --devices` to start " + config + ")"
+		return "not started (run `accel env --devices` to start " + cfg.Backend + ")"
 	}
-	backend, err := compute.New(compute.Config{Backend: config, LocalRank: topo.LocalRank,
-		LocalSize: topo.LocalSize})
+	backend, err := compute.New(cfg)
 	if err != nil {
 		return "error: " + err.Error()
 	}
@@ -171,13 +183,12 @@ func describeDevices(config string, startAnyBackend bool, topo backends.Topology
 
 // describeKernels says how the pure-Go backend will compute in a rank on this node: gradients, the
 // matmul path and its thread budget. It sets the kernels up the way the Accelerator does (cheap, local).
-func describeKernels(config string, topo backends.Topology) []entry {
-	name, _, _ := strings.Cut(config, ":")
+func describeKernels(cfg compute.Config, topo backends.Topology) []entry {
+	name, _, _ := strings.Cut(cfg.Backend, ":")
 	if name != compute.PureGo {
-		return []entry{{"Matmul", "the " + config + " backend's own"}}
+		return []entry{{"Matmul", "the " + cfg.Backend + " backend's own"}}
 	}
-	if _, err := compute.New(compute.Config{Backend: config, LocalRank: topo.LocalRank,
-		LocalSize: topo.LocalSize}); err != nil {
+	if _, err := compute.New(cfg); err != nil {
 		return []entry{{"Matmul", "error: " + err.Error()}}
 	}
 	k := compute.CurrentKernels()
@@ -195,8 +206,8 @@ func relevantEnvironment() string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		if slices.Contains([]string{"GOMLX_BACKEND", "GOMLX_NO_AUTO_INSTALL", "PJRT_PLUGIN_LIBRARY_PATH",
-			"CUDA_VISIBLE_DEVICES", "OPENBLAS_NUM_THREADS", backends.TimeoutEnvVar, compute.GradientsEnvVar,
-			compute.MatmulEnvVar, compute.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
+			"CUDA_VISIBLE_DEVICES", "OPENBLAS_NUM_THREADS", backends.TimeoutEnvVar, backends.CallChecksEnvVar,
+			accel.CheckReplicasEnvVar, compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
 			set = append(set, kv)
 		}
 	}

@@ -164,6 +164,7 @@ func Example_env() {
 	// MPI library
 	// mpirun
 	// Launcher MCA defaults
+	// Configuration
 	// Compute backend
 	// Compute devices
 	// Gradients

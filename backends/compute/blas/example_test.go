@@ -29,3 +29,14 @@ func Example() {
 	fmt.Println(blas.Installed(), product.Value())
 	// Output: true [[58 64] [139 154]]
 }
+
+// Gemm multiplies row-major matrices on the kernel the binary links, here [2,3]·[3,2] with the left
+// operand stored transposed.
+func ExampleGemm() {
+	aTransposed := []float32{1, 4, 2, 5, 3, 6} // [3,2], the transpose of [[1 2 3] [4 5 6]]
+	b := []float32{7, 8, 9, 10, 11, 12}        // [3,2]
+	c := make([]float32, 4)
+	blas.Gemm(2, 2, 3, true, false, aTransposed, b, c)
+	fmt.Println(c)
+	// Output: [58 64 139 154]
+}

@@ -1,4 +1,4 @@
-package accumulate_test
+package bucketgraph_test
 
 import (
 	"fmt"
@@ -8,12 +8,14 @@ import (
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/internal/bucketgraph"
 )
 
 var (
@@ -107,8 +109,8 @@ func TestFlattenAndSplitRoundTrip(t *testing.T) {
 				inputs[i], want[i] = distinctTensor(t, p, float64(100*i))
 			}
 			exec, err := graph.NewExec(backend, func(grads []*graph.Node) []*graph.Node {
-				flats := plan.FlattenIntoBuckets(grads)
-				return append(flats, plan.SplitBuckets(flats)...)
+				flats := bucketgraph.Flatten(plan, grads)
+				return append(flats, bucketgraph.Unflatten(plan, flats)...)
 			})
 			require.NoError(t, err)
 			defer exec.Finalize()
@@ -150,11 +152,11 @@ func TestFlattenAndSplitMisuse(t *testing.T) {
 		args         []any
 		wantContains string
 	}{
-		{name: "too few gradients", fn: func(in []*graph.Node) []*graph.Node { return plan.FlattenIntoBuckets(in[:1]) },
+		{name: "too few gradients", fn: func(in []*graph.Node) []*graph.Node { return bucketgraph.Flatten(plan, in[:1]) },
 			args: []any{w, b}, wantContains: "1 gradients for a plan of 2 parameters"},
-		{name: "wrong gradient shape", fn: func(in []*graph.Node) []*graph.Node { return plan.FlattenIntoBuckets(in) },
+		{name: "wrong gradient shape", fn: func(in []*graph.Node) []*graph.Node { return bucketgraph.Flatten(plan, in) },
 			args: []any{w, wrongB}, wantContains: `gradient of "b"`},
-		{name: "wrong bucket count", fn: func(in []*graph.Node) []*graph.Node { return plan.SplitBuckets(in) },
+		{name: "wrong bucket count", fn: func(in []*graph.Node) []*graph.Node { return bucketgraph.Unflatten(plan, in) },
 			args: []any{w, b}, wantContains: fmt.Sprintf("2 bucket nodes for a plan of %d buckets", len(plan.Buckets))},
 	}
 	for _, tc := range tests {
@@ -174,4 +176,8 @@ func TestFlattenAndSplitMisuse(t *testing.T) {
 			assert.Contains(t, message, tc.wantContains)
 		})
 	}
+}
+
+func param(name string, dtype dtypes.DType, dims ...int) accumulate.Param {
+	return accumulate.Param{Name: name, Shape: shapes.Make(dtype, dims...)}
 }

@@ -1,0 +1,137 @@
+package accel
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	gomlxbackends "github.com/gomlx/gomlx/backends"
+
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
+)
+
+// envSetting is one environment variable goaccel reads and the option it stands for.
+type envSetting struct {
+	name string
+	// option turns the variable's (non-empty) value into the option a program would pass.
+	option func(value string) (Option, error)
+}
+
+// envSettings are every environment variable that configures goaccel: this is the one place that reads
+// them. Each becomes the option a program passes for the same thing, so a program, a test and `accel env`
+// resolve one configuration the same way. Launcher variables (ranks, world size) are the topology, read by
+// backends.DetectTopology, not configuration.
+var envSettings = []envSetting{
+	{backends.TimeoutEnvVar, func(v string) (Option, error) {
+		d, err := backends.ParseTimeout(v)
+		return WithCollectiveTimeout(d), err
+	}},
+	{backends.CallChecksEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithDebug), nil }},
+	{CheckReplicasEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithReplicaCheck), nil }},
+	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
+		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
+	}},
+	{compute.GradientsEnvVar, func(v string) (Option, error) { return WithGradientKernels(v), nil }},
+	{compute.MatmulEnvVar, func(v string) (Option, error) { return WithMatmul(v), nil }},
+	{compute.ConvEnvVar, func(v string) (Option, error) { return WithConvolutions(v), nil }},
+	{compute.ThreadsEnvVar, func(v string) (Option, error) {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("want a positive number of threads, got %q", v)
+		}
+		return WithComputeThreads(n), nil
+	}},
+	{"CUDA_VISIBLE_DEVICES", func(v string) (Option, error) {
+		return func(c *config) { c.visibleDevices = v }, nil
+	}},
+}
+
+// onWhenTrue is on for "1" and "true", and no change otherwise.
+func onWhenTrue(v string, on func() Option) Option {
+	if v == "1" || v == "true" {
+		return on()
+	}
+	return func(*config) {}
+}
+
+// OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
+// into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
+// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL,
+// GOACCEL_CONV, GOACCEL_BLAS_THREADS and CUDA_VISIBLE_DEVICES. New applies them before the program's own options, so an
+// option a program passes wins over the environment. A value that cannot be read is an error naming the
+// variable, never ignored.
+func OptionsFromEnv(lookup func(name string) (string, bool)) ([]Option, error) {
+	var opts []Option
+	for _, s := range envSettings {
+		v, ok := lookup(s.name)
+		if !ok || v == "" {
+			continue
+		}
+		opt, err := s.option(v)
+		if err != nil {
+			return nil, fmt.Errorf("accel: %s: %w", s.name, err)
+		}
+		opts = append(opts, opt)
+	}
+	return opts, nil
+}
+
+// resolve is the configuration of New: defaults, then the environment's options, then the program's.
+func resolve(lookup func(string) (string, bool), opts []Option) (config, error) {
+	cfg := defaultConfig()
+	envOpts, err := OptionsFromEnv(lookup)
+	if err != nil {
+		return cfg, err
+	}
+	for _, opt := range append(envOpts, opts...) {
+		opt(&cfg)
+	}
+	return cfg, cfg.validate()
+}
+
+// Configuration is an Accelerator's resolved configuration: the defaults, the environment (see
+// OptionsFromEnv) and a program's options, in that order of precedence. It is what New would use, and
+// what `accel env` reports.
+type Configuration struct {
+	// Compute is the compute backend's configuration, before the topology places the process on a device.
+	Compute compute.Config
+	// CollectiveTimeout bounds every collective wait.
+	CollectiveTimeout time.Duration
+	// Debug and ReplicaCheck say whether every collective is verified and whether replicas are compared
+	// after every step.
+	Debug, ReplicaCheck bool
+	// Engine is the collective engine asked for ("" chooses from the topology).
+	Engine string
+	// AccumulationSteps, SyncEachBatch, BucketCapMB and Seed are the training settings.
+	AccumulationSteps int
+	SyncEachBatch     bool
+	BucketCapMB       float64
+	Seed              uint64
+}
+
+// Resolve returns the configuration New(opts...) would use in this process's environment, without
+// starting anything.
+func Resolve(opts ...Option) (Configuration, error) {
+	cfg, err := resolve(os.LookupEnv, opts)
+	if err != nil {
+		return Configuration{}, err
+	}
+	timeout := cfg.timeout
+	if timeout == 0 {
+		timeout = backends.DefaultTimeout
+	}
+	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
+		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
+		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
+		Seed: cfg.seed}, nil
+}
+
+// computeConfig is the compute backend's configuration for a process at topo.
+func (c config) computeConfig(topo backends.Topology) compute.Config {
+	return compute.Config{Backend: c.backend, BackendSource: c.backendSource, AllowDownloads: c.allowDownloads,
+		LocalRank: topo.LocalRank, LocalSize: topo.LocalSize, Threads: c.computeThreads, Gradients: c.gradients,
+		Matmul: c.matmul, Convolutions: c.convolutions, VisibleDevices: c.visibleDevices}
+}

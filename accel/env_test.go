@@ -1,0 +1,152 @@
+package accel_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/compute"
+)
+
+// clearConfigEnv unsets every variable OptionsFromEnv reads, for the test's duration.
+func clearConfigEnv(t *testing.T) {
+	for _, name := range []string{backends.TimeoutEnvVar, backends.CallChecksEnvVar, accel.CheckReplicasEnvVar,
+		"GOMLX_BACKEND", compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar,
+		"CUDA_VISIBLE_DEVICES"} {
+		t.Setenv(name, "")
+	}
+}
+
+// TestResolveFromEnvironment: every configuration variable becomes the option a program passes for the
+// same setting, and a program's own option wins over the environment.
+func TestResolveFromEnvironment(t *testing.T) {
+	tests := []struct {
+		name  string
+		env   map[string]string
+		opts  []accel.Option
+		check func(t *testing.T, c accel.Configuration)
+	}{
+		{"defaults", nil, nil, func(t *testing.T, c accel.Configuration) {
+			assert.Equal(t, backends.DefaultTimeout, c.CollectiveTimeout)
+			assert.False(t, c.Debug)
+			assert.False(t, c.ReplicaCheck)
+			assert.Equal(t, compute.Config{}, c.Compute)
+		}},
+		{"timeout as a duration", map[string]string{backends.TimeoutEnvVar: "45s"}, nil, func(t *testing.T, c accel.Configuration) {
+			assert.Equal(t, 45*time.Second, c.CollectiveTimeout)
+		}},
+		{"timeout in seconds", map[string]string{backends.TimeoutEnvVar: "2.5"}, nil, func(t *testing.T, c accel.Configuration) {
+			assert.Equal(t, 2500*time.Millisecond, c.CollectiveTimeout)
+		}},
+		{"the option wins over the timeout variable", map[string]string{backends.TimeoutEnvVar: "45s"},
+			[]accel.Option{accel.WithCollectiveTimeout(time.Second)}, func(t *testing.T, c accel.Configuration) {
+				assert.Equal(t, time.Second, c.CollectiveTimeout)
+			}},
+		{"debug and replica check on", map[string]string{backends.CallChecksEnvVar: "1", accel.CheckReplicasEnvVar: "true"}, nil,
+			func(t *testing.T, c accel.Configuration) {
+				assert.True(t, c.Debug)
+				assert.True(t, c.ReplicaCheck)
+			}},
+		{"debug and replica check off", map[string]string{backends.CallChecksEnvVar: "0", accel.CheckReplicasEnvVar: "no"}, nil,
+			func(t *testing.T, c accel.Configuration) {
+				assert.False(t, c.Debug)
+				assert.False(t, c.ReplicaCheck)
+			}},
+		{"compute variables", map[string]string{"GOMLX_BACKEND": "go", compute.GradientsEnvVar: "gomlx",
+			compute.MatmulEnvVar: "go", compute.ThreadsEnvVar: " 3 ", "CUDA_VISIBLE_DEVICES": "0,1"}, nil,
+			func(t *testing.T, c accel.Configuration) {
+				assert.Equal(t, compute.Config{Backend: "go", BackendSource: "GOMLX_BACKEND", Gradients: "gomlx",
+					Matmul: "go", Threads: 3, VisibleDevices: "0,1"}, c.Compute)
+				_, reason := compute.Resolve(c.Compute)
+				assert.Contains(t, reason, "GOMLX_BACKEND")
+			}},
+		{"options win over compute variables", map[string]string{"GOMLX_BACKEND": "xla:cpu", compute.ThreadsEnvVar: "3"},
+			[]accel.Option{accel.WithBackend("go"), accel.WithComputeThreads(1), accel.WithMatmul("go")},
+			func(t *testing.T, c accel.Configuration) {
+				assert.Equal(t, compute.Config{Backend: "go", Threads: 1, Matmul: "go"}, c.Compute)
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearConfigEnv(t)
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			c, err := accel.Resolve(tt.opts...)
+			require.NoError(t, err)
+			tt.check(t, c)
+		})
+	}
+}
+
+// TestUnreadableEnvironmentIsAnError: a configuration variable that cannot be read stops New with an
+// error naming it, never silently ignored.
+func TestUnreadableEnvironmentIsAnError(t *testing.T) {
+	tests := []struct{ name, value, wantErr string }{
+		{backends.TimeoutEnvVar, "not a duration", `"not a duration" is neither a duration (such as 30s or 10m) nor a number of seconds`},
+		{backends.TimeoutEnvVar, "-3s", `"-3s" is not a positive duration`},
+		{backends.TimeoutEnvVar, "0", `"0" is not a positive duration`},
+		{compute.ThreadsEnvVar, "none", "want a positive number of threads"},
+		{compute.ThreadsEnvVar, "0", "want a positive number of threads"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			clearConfigEnv(t)
+			t.Setenv(tt.name, tt.value)
+			_, err := accel.Resolve()
+			require.ErrorContains(t, err, tt.name+": "+tt.wantErr)
+			_, err = accel.New()
+			require.ErrorContains(t, err, tt.name+": "+tt.wantErr)
+		})
+	}
+}
+
+// TestEnvironmentReachesTheAccelerator: what the environment configures is what New sets up.
+func TestEnvironmentReachesTheAccelerator(t *testing.T) {
+	clearConfigEnv(t)
+	t.Setenv(backends.TimeoutEnvVar, "90s")
+	t.Setenv(backends.CallChecksEnvVar, "true")
+	acc, err := accel.New()
+	require.NoError(t, err)
+	defer acc.Close()
+	assert.Equal(t, 90*time.Second, acc.Communicator().Timeout())
+	assert.True(t, acc.Communicator().CallChecks())
+}
+
+func ExampleOptionsFromEnv() {
+	env := map[string]string{"GOACCEL_COLLECTIVE_TIMEOUT": "30s", "GOACCEL_DEBUG": "1"}
+	lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
+	opts, err := accel.OptionsFromEnv(lookup)
+	fmt.Println(len(opts), err)
+	// Output: 2 <nil>
+}
+
+// Resolve shows the configuration New would use: the environment's variables, then the program's options,
+// which win.
+func ExampleResolve() {
+	conf, err := accel.Resolve(accel.WithBackend("go"), accel.WithComputeThreads(2), accel.WithMatmul("go"),
+		accel.WithGradientAccumulationSteps(4))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(conf.Compute.Backend, conf.Compute.Threads, conf.Compute.Matmul, conf.AccumulationSteps)
+	// Output: go 2 go 4
+}
+
+// WithConvolutions chooses how the pure-Go backend convolves: "graph" keeps the slice lowering of earlier
+// versions, for comparisons against the default kernels.
+func ExampleWithConvolutions() {
+	conf, err := accel.Resolve(accel.WithConvolutions("graph"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(conf.Compute.Convolutions)
+	// Output: graph
+}
