@@ -32,8 +32,8 @@ type summary struct {
 	CollectiveBytes   int64     `json:"collective_bytes"`
 	CommWaitSeconds   float64   `json:"comm_wait_seconds"`
 	ComputeSeconds    float64   `json:"compute_seconds"`
-	TrainTokens       int64     `json:"train_tokens"`   // every process's predicted bytes
-	TrainExamples     int64     `json:"train_examples"` // every process's windows
+	TrainTokens       int64     `json:"train_tokens"`    // every process's predicted bytes
+	TrainExamples     int64     `json:"train_examples"`  // every process's windows
 	FinalLoss         jsonFloat `json:"final_loss"`      // mean training loss of the last micro-batches
 	ValidationLoss    jsonFloat `json:"validation_loss"` // nats per byte
 	// TrainSeconds is the wall time of the training loop alone (no loading, compiling or evaluation), and

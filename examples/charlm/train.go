@@ -127,6 +127,10 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 	}
 	res.trainTime = time.Since(start)
 	res.stats = acc.Stats()
+	// One cheap collective proves that every process ends with the same weights before they are evaluated.
+	if err := acc.CheckReplicas(model); err != nil {
+		return nil, err
+	}
 	res.steps = opt.Steps()
 	var lossSum float64
 	for _, l := range recent {
