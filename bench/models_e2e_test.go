@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -164,7 +163,7 @@ func TestQuickModels(t *testing.T) {
 	charlm := buildWithMPI(ctx, t, dir, "../examples/charlm")
 	demo := buildWithMPI(ctx, t, dir, "../examples/grad_accum") // -tags mpi only: no BLAS
 	// A small corpus keeps the runs short: one package of Go's own source.
-	corpus := filepath.Join(runtime.GOROOT(), "src", "strings")
+	corpus := filepath.Join(defaultCorpus(), "strings")
 	stdout, md, res := runQuick(ctx, t, exe, "-only", "transformer,purego,demo", "-charlm", charlm, "-demo", demo,
 		"-demo-purego", demo, "-corpus", corpus)
 

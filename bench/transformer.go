@@ -57,13 +57,14 @@ type transformerSetup struct {
 	script string // the PyTorch twin, written out by check
 }
 
-// defaultCorpus is Go's standard-library source: $GOROOT/src of the go command on the PATH, or of the Go
-// that built this binary.
+// defaultCorpus is Go's standard-library source, $GOROOT/src of the go command on the PATH, as charlm's
+// own default; empty when there is no go command (check then asks for -corpus).
 func defaultCorpus() string {
-	if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
-		return filepath.Join(string(bytes.TrimSpace(out)), "src")
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		return ""
 	}
-	return filepath.Join(runtime.GOROOT(), "src")
+	return filepath.Join(string(bytes.TrimSpace(out)), "src")
 }
 
 // check fails early, with what to do, when a program or the corpus is missing. PyTorch itself is checked

@@ -17,8 +17,9 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
+	"strings"
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
@@ -75,8 +76,20 @@ type printedError struct{ error }
 
 func (e printedError) Unwrap() error { return e.error }
 
-// defaultDataDir is Go's own standard-library source.
-func defaultDataDir() string { return filepath.Join(runtime.GOROOT(), "src") }
+// defaultDataDir is Go's own standard-library source: $GOROOT/src of the go command on the PATH, as `go env
+// GOROOT` reports it (the GOROOT variable, when set, wins). Empty when neither says: -data is then required.
+func defaultDataDir() string {
+	root := os.Getenv("GOROOT")
+	if root == "" {
+		if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil {
+			root = strings.TrimSpace(string(out))
+		}
+	}
+	if root == "" {
+		return ""
+	}
+	return filepath.Join(root, "src")
+}
 
 // parseFlags parses and validates the command line, printing what is wrong to stderr.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -137,7 +150,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	case cfg.evalWindows < 1:
 		return cfg, usageErrorf(stderr, "-eval-windows must be at least 1, got %d", cfg.evalWindows)
 	case cfg.dataDir == "":
-		return cfg, usageErrorf(stderr, "-data must name a directory")
+		return cfg, usageErrorf(stderr, "-data must name a directory (no go command on the PATH tells where GOROOT is)")
 	}
 	return cfg, nil
 }

@@ -255,6 +255,14 @@ func TestBadFlags(t *testing.T) {
 	})
 }
 
+func TestDivergedRunFails(t *testing.T) {
+	code, stdout, stderr := runMain(t, "-data", tinyCorpus(t), "-context", "8", "-dmodel", "16", "-heads", "2",
+		"-blocks", "1", "-batch", "4", "-steps", "20", "-warmup", "0", "-clip", "0", "-lr", "1e30", "-quiet")
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "training diverged at optimizer step")
+	assert.NotContains(t, stdout, `{"rank":`, "no summary for a run that did not finish")
+}
+
 // TestAttentionIsCausal: changing the byte at position j changes the logits from j on and none before.
 func TestAttentionIsCausal(t *testing.T) {
 	acc, err := accel.New(accel.WithSeed(9))

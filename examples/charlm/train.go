@@ -47,7 +47,8 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 		return nil, err
 	}
 	adamW := optimizers.Adam().LearningRate(cfg.lr).WeightDecay(cfg.weightDecay).Epsilon(adamEpsilon).Done()
-	opt, err := acc.PrepareOptimizer(model, adamW)
+	// A diverged step (NaN or Inf gradients) ends the run with an error instead of training on garbage.
+	opt, err := acc.PrepareOptimizer(model, adamW, prepare.OnNonFinite(prepare.NonFiniteFail))
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +109,9 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 				}
 				return opt.ZeroGrad()
 			})
+			if nonFinite := new(prepare.NonFiniteError); errors.As(err, &nonFinite) {
+				return nil, fmt.Errorf("training diverged at optimizer step %d: %w; try a smaller -lr", nonFinite.Step, err)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("epoch %d, batch %d: %w", epoch+1, batch.Step+1, err)
 			}
