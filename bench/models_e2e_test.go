@@ -125,7 +125,7 @@ func TestTransformerPlumbing(t *testing.T) {
 
 	calls, err := os.ReadFile(log)
 	require.NoError(t, err)
-	job := "context 16 -dmodel 16 -heads 2 -blocks 1 -batch 4 -k 2 -steps 3 -warmup 1 -lr 0.002 -seed 42 " +
+	job := "context 16 -dmodel 16 -heads 2 -blocks 1 -batch 4 -k 2 -steps 3 -warmup 1 -lr 0.002 -wd 0.01 -clip 1 -seed 42 " +
 		"-limit 64 -eval-windows 8 -data " + dir
 	assert.Contains(t, string(calls), " -"+job+" -quiet\n")
 	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads ")

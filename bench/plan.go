@@ -77,7 +77,7 @@ func bigMLP() trainConfig {
 // charlmJob is examples/charlm's default job: the transformer section runs it as is.
 func charlmJob() transformerPlan {
 	return transformerPlan{Context: 64, DModel: 128, Heads: 4, Blocks: 2, Batch: 32, K: 1, Steps: 100, Warmup: 10,
-		LR: 0.002, Seed: 42, EvalWindows: 256}
+		LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, EvalWindows: 256}
 }
 
 // fullPlan is what `make bench` measures: about fifteen minutes on a two-core machine once the demo's CNN
@@ -130,7 +130,8 @@ func quickPlan() plan {
 		EndToEnd: endToEndPlan{Epochs: 1, Procs: []int{1, 2}, Batch: 64, K: 4, LR: 0.002, Seed: 42, Limit: 512,
 			Models: []endToEndModel{{Name: "mlp", Rounds: 1}}},
 		Transformer: transformerPlan{Rounds: 1, Procs: []int{1, 2}, Context: 16, DModel: 16, Heads: 2, Blocks: 1,
-			Batch: 4, K: 2, Steps: 3, Warmup: 1, LR: 0.002, Seed: 42, Limit: 64, EvalWindows: 8},
+			Batch: 4, K: 2, Steps: 3, Warmup: 1, LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, Limit: 64,
+			EvalWindows: 8},
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: []string{"graph", "kernel"}, Epochs: 1, Batch: 64, K: 4,
 			Limit: 256, Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},

@@ -26,7 +26,7 @@ type transformerPlan struct {
 	// The job: flags of both programs.
 	Context, DModel, Heads, Blocks int
 	Batch, K, Steps, Warmup        int
-	LR                             float64
+	LR, WeightDecay, Clip          float64
 	Seed                           int
 	Limit                          int // training windows (0: all)
 	EvalWindows                    int
@@ -38,7 +38,8 @@ func (p transformerPlan) args(dash, corpus string) []string {
 		name  string
 		value any
 	}{{"context", p.Context}, {"dmodel", p.DModel}, {"heads", p.Heads}, {"blocks", p.Blocks}, {"batch", p.Batch},
-		{"k", p.K}, {"steps", p.Steps}, {"warmup", p.Warmup}, {"lr", p.LR}, {"seed", p.Seed}, {"limit", p.Limit},
+		{"k", p.K}, {"steps", p.Steps}, {"warmup", p.Warmup}, {"lr", p.LR}, {"wd", p.WeightDecay}, {"clip", p.Clip},
+		{"seed", p.Seed}, {"limit", p.Limit},
 		{"eval-windows", p.EvalWindows}, {"data", corpus}}
 	var out []string
 	for _, f := range flags {
@@ -222,12 +223,12 @@ func (r *reporter) transformer() {
 	p := r.res.Plan.Transformer
 	r.section("### The transformer language model", "the-transformer-language-model", "examples/charlm's job: a "+
 		"byte-level decoder-only transformer (%d blocks, d_model %d, %d heads, context %d) learns to predict the next "+
-		"byte of Go's standard-library source; AdamW (peak learning rate %g, %d warm-up steps, cosine decay), gradient "+
-		"norm clipped to 1, %d windows per micro-batch per process, K = %d, %d optimizer steps, seed %d: `bin/charlm` "+
+		"byte of Go's standard-library source; AdamW (peak learning rate %g, weight decay %g, %d warm-up steps, cosine "+
+		"decay), gradient norm clipped to %g, %d windows per micro-batch per process, K = %d, %d optimizer steps, seed %d: `bin/charlm` "+
 		"(goaccel) against `bench/pytorch/charlm_ddp.py` (PyTorch DDP over gloo; one process trains without DDP). "+
 		"*Tokens/s* is predicted bytes of every process / training time, without loading the corpus and the "+
 		"validation; the validation loss is the mean cross-entropy in nats per byte over %d held-out windows. "+
-		"Medians over the runs.", p.Blocks, p.DModel, p.Heads, p.Context, p.LR, p.Warmup, p.Batch, p.K, p.Steps,
+		"Medians over the runs.", p.Blocks, p.DModel, p.Heads, p.Context, p.LR, p.WeightDecay, p.Warmup, p.Clip, p.Batch, p.K, p.Steps,
 		p.Seed, p.EvalWindows)
 	var rows [][]string
 	for _, pair := range pairs {
