@@ -27,6 +27,9 @@ type results struct {
 	Overhead     []overheadResult
 	Compute      []computeResult
 	EndToEnd     []endToEndResult
+	Transformer  []transformerResult
+	PureGoCNN    []pureGoResult
+	Demo         *demoResult `json:",omitempty"`
 }
 
 // rankJob is what the driver hands the ranks of one mpirun job.
@@ -44,6 +47,7 @@ type driver struct {
 	// benchstat receives benchmark result lines as each measurement finishes.
 	progress, benchstat io.Writer
 	endToEnd            endToEndSetup
+	transformer         transformerSetup
 	dir                 string // scratch files of this run
 }
 
@@ -57,10 +61,8 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 	}
 	defer os.RemoveAll(dir)
 	d.dir = dir
-	if len(d.plan.EndToEnd.Models) > 0 { // fail before measuring anything else
-		if res.Machine.PyTorch, err = d.endToEnd.check(ctx, dir); err != nil {
-			return nil, err
-		}
+	if err := d.checkPrograms(ctx, res, dir); err != nil { // fail before measuring anything else
+		return nil, err
 	}
 	for _, n := range d.plan.Ranks {
 		r, err := d.runJob(ctx, n)
@@ -86,9 +88,49 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 	if res.EndToEnd, err = d.measureEndToEnd(ctx); err != nil {
 		return nil, err
 	}
+	if res.Transformer, err = d.measureTransformer(ctx); err != nil {
+		return nil, err
+	}
+	if res.PureGoCNN, err = d.measurePureGo(ctx); err != nil {
+		return nil, err
+	}
+	if res.Demo, err = d.measureDemo(ctx); err != nil {
+		return nil, err
+	}
 	res.Finished = time.Now()
 	res.Machine.LoadAfter = loadAverage()
 	return res, nil
+}
+
+// checkPrograms checks that every program the plan runs is there, and records PyTorch's version.
+func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) error {
+	p := d.plan
+	var err error
+	if len(p.EndToEnd.Models) > 0 || p.Demo.Runs > 0 {
+		if _, err := os.Stat(d.endToEnd.demo); err != nil {
+			return fmt.Errorf("the e2e and demo sections run the demo: %w (build it with `go build -tags mpi,blas -o %s "+
+				"./examples/grad_accum`, or leave them out of -only)", err, d.endToEnd.demo)
+		}
+	}
+	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 {
+		if res.Machine.PyTorch, err = d.endToEnd.checkPyTorch(ctx); err != nil {
+			return err
+		}
+	}
+	if len(p.EndToEnd.Models) > 0 {
+		if err := d.endToEnd.writeScript(dir); err != nil {
+			return err
+		}
+	}
+	if p.Transformer.Rounds > 0 {
+		if err := d.transformer.check(dir); err != nil {
+			return err
+		}
+	}
+	if p.PureGoCNN.Rounds > 0 {
+		return checkDemoPureGo(d.endToEnd.demoPureGo)
+	}
+	return nil
 }
 
 func (d *driver) progressf(format string, args ...any) {

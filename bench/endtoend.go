@@ -37,29 +37,32 @@ type endToEndModel struct {
 
 // endToEndSetup is where the programs of the section are.
 type endToEndSetup struct {
-	demo    string // grad_accum built with -tags mpi
-	python  string // a Python 3 with torch
-	dataDir string // Fashion-MNIST's IDX files
-	script  string // the PyTorch script, written out by check
+	demo string // grad_accum built with -tags mpi
+	// demoPureGo is grad_accum built without the blas tag: every product and convolution in pure Go.
+	demoPureGo string
+	python     string // a Python 3 with torch
+	dataDir    string // Fashion-MNIST's IDX files
+	script     string // the PyTorch script, written out by check
 }
 
 //go:embed pytorch/fashion_ddp.py
 var pytorchScript []byte
 
-// check fails early, with what to install, when a program of the section is missing, and returns
+// checkPyTorch fails early, with what to install, when the Python with PyTorch is missing, and returns
 // PyTorch's version.
-func (s *endToEndSetup) check(ctx context.Context, dir string) (string, error) {
-	if _, err := os.Stat(s.demo); err != nil {
-		return "", fmt.Errorf("the end-to-end section runs the demo: %w (build it with `go build -tags mpi -o %s "+
-			"./examples/grad_accum`, or leave e2e out of -only)", err, s.demo)
-	}
+func (s *endToEndSetup) checkPyTorch(ctx context.Context) (string, error) {
 	version, err := exec.CommandContext(ctx, s.python, "-c", "import torch; print(torch.__version__)").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("the end-to-end section needs PyTorch for %s (apt-get install python3-torch, or "+
-			"leave e2e out of -only): %v\n%s", s.python, err, version)
+		return "", fmt.Errorf("the e2e and transformer sections need PyTorch for %s (apt-get install python3-torch, "+
+			"or leave them out of -only): %v\n%s", s.python, err, version)
 	}
+	return string(bytes.TrimSpace(version)), nil
+}
+
+// writeScript writes the PyTorch script into dir.
+func (s *endToEndSetup) writeScript(dir string) error {
 	s.script = filepath.Join(dir, "fashion_ddp.py")
-	return string(bytes.TrimSpace(version)), os.WriteFile(s.script, pytorchScript, 0o644)
+	return os.WriteFile(s.script, pytorchScript, 0o644)
 }
 
 // endToEndResult is one variant of the demo's job: an implementation, a model and a process count, one

@@ -6,7 +6,9 @@
 //     in mpirun jobs of 2 and 4 ranks (the command starts itself as the ranks);
 //   - the overhead of goaccel's loop against GoMLX's train.Trainer, in its own process;
 //   - a big MLP's training step under three compute configurations, each in a child process;
-//   - the grad_accum demo's job against PyTorch DDP, end to end.
+//   - the grad_accum demo's job against PyTorch DDP, end to end;
+//   - examples/charlm's transformer against its PyTorch twin, end to end;
+//   - the demo's CNN without BLAS under each convolution lowering, and the demo's five-epoch wall time.
 //
 // Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike.
 // Results are benchstat lines on standard output, a JSON file on request, and the Markdown report.
@@ -44,6 +46,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&setup.demo, "demo", "bin/grad_accum", "the grad_accum demo, built with -tags mpi")
 	fs.StringVar(&setup.python, "python", "/usr/bin/python3", "the Python with PyTorch")
 	fs.StringVar(&setup.dataDir, "data", fashionmnist.DefaultDir, "Fashion-MNIST's IDX files")
+	fs.StringVar(&setup.demoPureGo, "demo-purego", "bin/grad_accum_purego", "the grad_accum demo, built without the blas tag")
+	var lm transformerSetup
+	fs.StringVar(&lm.charlm, "charlm", "bin/charlm", "the charlm example, built with -tags mpi")
+	fs.StringVar(&lm.corpus, "corpus", "", "the root of the transformer's .go corpus (default: $GOROOT/src)")
 	rankJob := fs.String(rankJobFlag, "", "internal: run as a rank of the mpirun job described in `JSON`")
 	stepJob := fs.String(stepJobFlag, "", "internal: time training steps as described in `JSON`")
 	if err := fs.Parse(args); err != nil {
@@ -107,7 +113,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup}
+	if lm.corpus == "" {
+		lm.corpus = defaultCorpus()
+	}
+	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup, transformer: lm}
 	res, err := d.run(ctx)
 	if err != nil {
 		return fail(err)

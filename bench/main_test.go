@@ -146,7 +146,7 @@ func TestBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"-ranks", "1"}, "world size of at least 2"},
-		{[]string{"-only", "mpi,gpu"}, `unknown section "gpu" (want some of compute,e2e,mpi,overhead)`},
+		{[]string{"-only", "mpi,gpu"}, `unknown section "gpu" (want some of compute,demo,e2e,mpi,overhead,purego,transformer)`},
 		{[]string{"-no-such-flag"}, "flag provided but not defined"},
 	}
 	for _, tt := range tests {

@@ -31,8 +31,11 @@ type plan struct {
 	Overhead       []trainConfig
 	OverheadTiming timing
 
-	Compute  computePlan
-	EndToEnd endToEndPlan
+	Compute     computePlan
+	EndToEnd    endToEndPlan
+	Transformer transformerPlan
+	PureGoCNN   pureGoPlan
+	Demo        demoPlan
 
 	// JobTimeout bounds each mpirun job and each child process.
 	JobTimeout time.Duration
@@ -71,7 +74,14 @@ func bigMLP() trainConfig {
 	return trainConfig{Name: "big-mlp", Model: mlp{Inputs: 784, Hidden: []int{512, 512, 512}, Classes: 10}, Batch: 256, K: 1}
 }
 
-// fullPlan is what `make bench` measures: about ten minutes on a two-core machine.
+// charlmJob is examples/charlm's default job: the transformer section runs it as is.
+func charlmJob() transformerPlan {
+	return transformerPlan{Context: 64, DModel: 128, Heads: 4, Blocks: 2, Batch: 32, K: 1, Steps: 100, Warmup: 10,
+		LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, EvalWindows: 256}
+}
+
+// fullPlan is what `make bench` measures: about fifteen minutes on a two-core machine once the demo's CNN
+// trains fast (its five-epoch wall time is one of the measurements).
 func fullPlan() plan {
 	return plan{
 		Ranks:          []int{2, 4},
@@ -88,6 +98,11 @@ func fullPlan() plan {
 		Compute:            computePlan{Config: bigMLP(), Rounds: 2, StepTime: 3 * time.Second, MinSteps: 3, MaxSteps: 50},
 		EndToEnd: endToEndPlan{Epochs: 1, Procs: []int{1, 2}, Batch: 64, K: 4, LR: 0.002, Seed: 42,
 			Models: []endToEndModel{{Name: "mlp", Rounds: 3}, {Name: "cnn", Rounds: 1}}},
+		Transformer: withRounds(charlmJob(), 1, []int{1, 2}),
+		// One short epoch per variant: about half a minute each without BLAS.
+		PureGoCNN: pureGoPlan{Rounds: 1, Variants: []string{"graph", "kernel"}, Epochs: 1, Batch: 64, K: 4,
+			Limit: 8192, Seed: 42, LR: 0.002},
+		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
 		JobTimeout: 10 * time.Minute,
 	}
 }
@@ -114,6 +129,12 @@ func quickPlan() plan {
 		// The MLP only: the demo evaluates on the whole test set, which the CNN makes slow.
 		EndToEnd: endToEndPlan{Epochs: 1, Procs: []int{1, 2}, Batch: 64, K: 4, LR: 0.002, Seed: 42, Limit: 512,
 			Models: []endToEndModel{{Name: "mlp", Rounds: 1}}},
+		Transformer: transformerPlan{Rounds: 1, Procs: []int{1, 2}, Context: 16, DModel: 16, Heads: 2, Blocks: 1,
+			Batch: 4, K: 2, Steps: 3, Warmup: 1, LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, Limit: 64,
+			EvalWindows: 8},
+		PureGoCNN: pureGoPlan{Rounds: 1, Variants: []string{"graph", "kernel"}, Epochs: 1, Batch: 64, K: 4,
+			Limit: 256, Seed: 42, LR: 0.002},
+		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
 		JobTimeout: 3 * time.Minute,
 	}
 }
@@ -124,6 +145,18 @@ var sections = map[string]func(*plan){
 	"overhead": func(p *plan) { p.Overhead = nil },
 	"compute":  func(p *plan) { p.Compute.Rounds = 0 },
 	"e2e":      func(p *plan) { p.EndToEnd.Models = nil },
+	// The transformer language model against its PyTorch twin.
+	"transformer": func(p *plan) { p.Transformer.Rounds = 0 },
+	// The CNN without BLAS, each convolution lowering.
+	"purego": func(p *plan) { p.PureGoCNN.Rounds = 0 },
+	// The demo's wall time.
+	"demo": func(p *plan) { p.Demo.Runs = 0 },
+}
+
+// withRounds is a transformer job run rounds times on each process count.
+func withRounds(job transformerPlan, rounds int, procs []int) transformerPlan {
+	job.Rounds, job.Procs = rounds, procs
+	return job
 }
 
 // allSections is every section's name, comma-separated.

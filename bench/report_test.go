@@ -58,6 +58,21 @@ func syntheticResults() *results {
 		{Impl: "goaccel", Model: "cnn", Procs: 1, PerExample: perExample(900), TestAccuracy: []float64{0.91, 0.90, 0.92}},
 		{Impl: "pytorch", Model: "cnn", Procs: 1, PerExample: perExample(1000), TestAccuracy: []float64{0.90}},
 	}
+	perToken := func(tokensPerSecond float64) series { return constant("t", 1/tokensPerSecond) }
+	// 1 process: 1.10× and +1.0% (both met); 2 processes: 0.50× and −3.0% (both missed).
+	res.Transformer = []transformerResult{
+		{Impl: "goaccel", Procs: 1, PerToken: perToken(11000), ValidationLoss: []float64{2.02}, Steps: 100, Parameters: 471296},
+		{Impl: "goaccel", Procs: 2, PerToken: perToken(10000), ValidationLoss: []float64{1.94}, Steps: 100, Parameters: 471296},
+		{Impl: "pytorch", Procs: 1, PerToken: perToken(10000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
+		{Impl: "pytorch", Procs: 2, PerToken: perToken(20000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
+	}
+	// 3.5× faster with the convolution executor.
+	res.PureGoCNN = []pureGoResult{
+		{Conv: "graph", PerExample: perExample(100), TestAccuracy: []float64{0.71}},
+		{Conv: "kernel", PerExample: perExample(350), TestAccuracy: []float64{0.72}},
+	}
+	res.Demo = &demoResult{Args: []string{"-model", "cnn"}, Wall: constant("d", 75), TrainSeconds: []float64{60},
+		TestAccuracy: []float64{0.905}}
 	return res
 }
 
@@ -65,7 +80,13 @@ func TestReportJudgesGoals(t *testing.T) {
 	md := report(syntheticResults())
 	summary := md[strings.Index(md, "## Summary"):strings.Index(md, "## End to end")]
 	for _, want := range []string{
-		"| 1 process: 1.20×; 2 processes: 0.80× | no |",            // goaccel / PyTorch examples/s
+		"| End to end: MLP throughput, 1 process | goaccel ≥ 1.5× PyTorch's examples/s | 1.20× | no |",
+		"| End to end: MLP throughput, 2 processes | goaccel ≥ 1.2× PyTorch DDP's examples/s | 2 processes: 0.80× | no |",
+		"| End to end: CNN throughput | goaccel ≥ 1.0× PyTorch DDP's examples/s, 1 and 2 processes | 1 process: 0.90× | no |",
+		"| 1 process: 1.10×; 2 processes: 0.50× | no |", // transformer tokens/s
+		"| 1 process: 2.0200 vs 2.0000 (+1.0%); 2 processes: 1.9400 vs 2.0000 (−3.0%) | no |",
+		"≤ 90 s | 1 min 15 s | **yes** |",
+		"the Slice/Concatenate lowering (pure Go) | 3.50× | **yes** |",
 		"| 1 process: 0.9100 vs 0.9000 | **yes** |",                // median CNN accuracies, goaccel vs PyTorch
 		"| pure Go: 40 MB | **yes** |",                             // BLAS not measured: not judged
 		"| 7.5× | **yes** |",                                       // 3 s / 0.4 s
@@ -80,6 +101,18 @@ func TestReportJudgesGoals(t *testing.T) {
 	}
 	for _, want := range []string{
 		"| 2 | 40000 ±0% | 50000 ±0% | 0.80× | 0.8400 | 0.8500 | 3 |",
+		"### The transformer language model",
+		"| 1 | 11000 ±0% | 10000 ±0% | 1.10× | 2.0200 | 2.0000 | +1.0% | 3 |",
+		"| 2 | 10000 ±0% | 20000 ±0% | 0.50× | 1.9400 | 2.0000 | −3.0% | 3 |",
+		"Both models have 471296 parameters.",
+		"(2 blocks, d_model 128, 4 heads, context 64)",
+		"| `GOACCEL_CONV=graph` | 100 ±0% | 1.00× | 0.7100 | 3 |",
+		"| `GOACCEL_CONV=kernel` | 350 ±0% | 3.50× | 0.7200 | 3 |",
+		"`bin/grad_accum -model cnn` on one process",
+		"| 1 min 15 s | 1 min 00 s | 0.9050 | 3 |",
+		"[benchmarks-method.md](benchmarks-method.md#the-transformer-language-model)",
+		"[benchmarks-method.md](benchmarks-method.md#the-demos-cnn-without-blas)",
+		"[benchmarks-method.md](benchmarks-method.md#the-demos-wall-time)",
 		"From 1 to 2 processes goaccel's throughput changes 1.33×, PyTorch's 2.00×.",
 		"| BLAS | `GOACCEL_GRADIENTS=gemm GOACCEL_MATMUL=blas` | not measured: compute: GOACCEL_MATMUL=blas needs a build with -tags blas |",
 		"makes a step 7.5× faster and its peak memory 40.0× smaller (40 MB instead of 1600 MB)",
@@ -111,9 +144,13 @@ func TestReportNotes(t *testing.T) {
 			"**The models differ:** goaccel's has 101770 parameters, PyTorch's 1."},
 		{"same models", func(r *results) { r.EndToEnd[0].Parameters, r.EndToEnd[2].Parameters = 101770, 101770 },
 			"Both models have 101770 parameters."},
-		{"compute without the demo's job", func(r *results) { r.EndToEnd = nil },
+		{"compute without the demo's job", func(r *results) { r.EndToEnd, r.Transformer, r.PureGoCNN, r.Demo = nil, nil, nil, nil },
 			"## End to end against PyTorch\n\n### Big MLP"},
-		{"nothing measured", func(r *results) { *r = results{Plan: r.Plan} }, "| End to end: MLP throughput | goaccel ≥ 1.0× PyTorch DDP's examples/s, 1 and 2 processes | — | — |"},
+		{"nothing measured", func(r *results) { *r = results{Plan: r.Plan} }, "| End to end: MLP throughput, 1 process | goaccel ≥ 1.5× PyTorch's examples/s | — | — |"},
+		{"transformer models differ", func(r *results) { r.Transformer[2].Parameters = 5 },
+			"**The models differ:** goaccel's has 471296 parameters, PyTorch's 5."},
+		{"only the transformer", func(r *results) { *r = results{Plan: r.Plan, Transformer: r.Transformer} },
+			"## End to end against PyTorch\n\n### The transformer language model"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,5 +158,64 @@ func TestReportNotes(t *testing.T) {
 			tt.change(res)
 			assert.Contains(t, report(res), tt.want)
 		})
+	}
+}
+
+// TestGoalThresholds: each goal of the summary is met exactly up to its threshold and missed past it.
+func TestGoalThresholds(t *testing.T) {
+	rate := func(perSecond float64) series { return constant("x", 1/perSecond) }
+	tests := []struct {
+		name   string
+		change func(*results)
+		goal   string
+		met    bool
+	}{
+		{"MLP 1 process at 1.5×", func(r *results) { r.EndToEnd[0].PerExample = rate(37500) }, "End to end: MLP throughput, 1 process", true},
+		{"MLP 1 process at 1.4×", func(r *results) { r.EndToEnd[0].PerExample = rate(35000) }, "End to end: MLP throughput, 1 process", false},
+		{"MLP 2 processes at 1.2×", func(r *results) { r.EndToEnd[1].PerExample = rate(60000) }, "End to end: MLP throughput, 2 processes", true},
+		{"MLP 2 processes at 1.1×", func(r *results) { r.EndToEnd[1].PerExample = rate(55000) }, "End to end: MLP throughput, 2 processes", false},
+		{"CNN at 1.0×", func(r *results) { r.EndToEnd[4].PerExample = rate(1000) }, "End to end: CNN throughput", true},
+		{"CNN accuracy 0.01 below", func(r *results) { r.EndToEnd[4].TestAccuracy = []float64{0.8905} }, "End to end: CNN accuracy", true},
+		{"CNN accuracy 0.015 below", func(r *results) { r.EndToEnd[4].TestAccuracy = []float64{0.885} }, "End to end: CNN accuracy", false},
+		{"transformer both at 1.0×", func(r *results) { r.Transformer[1].PerToken = rate(20000) }, "End to end: transformer throughput", true},
+		{"loss 1.9% lower", func(r *results) { r.Transformer[1].ValidationLoss = []float64{1.962} }, "End to end: transformer validation loss", true},
+		{"loss 2.5% higher", func(r *results) {
+			r.Transformer[1].ValidationLoss = []float64{2.0}
+			r.Transformer[0].ValidationLoss = []float64{2.05}
+		}, "End to end: transformer validation loss", false},
+		{"demo 91 s", func(r *results) { r.Demo.Wall = constant("d", 91) }, "The demo's CNN, wall time", false},
+		{"demo 90 s", func(r *results) { r.Demo.Wall = constant("d", 90) }, "The demo's CNN, wall time", true},
+		{"pure Go 2.9×", func(r *results) { r.PureGoCNN[1].PerExample = rate(290) }, "The demo's CNN without BLAS", false},
+		{"pure Go 3.0×", func(r *results) { r.PureGoCNN[1].PerExample = rate(300) }, "The demo's CNN without BLAS", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := syntheticResults()
+			tt.change(res)
+			var found *goal
+			for _, g := range goals(res) {
+				if g.what == tt.goal {
+					found = g
+				}
+			}
+			if assert.NotNil(t, found, tt.goal) {
+				assert.True(t, found.known)
+				assert.Equal(t, tt.met, found.met, "%s: %v", tt.goal, found.measured)
+			}
+		})
+	}
+}
+
+// TestGoalsUnknownWithoutRuns: a section that did not run leaves its goals unjudged, never met.
+func TestGoalsUnknownWithoutRuns(t *testing.T) {
+	res := syntheticResults()
+	res.Transformer, res.PureGoCNN, res.Demo = nil, []pureGoResult{{Conv: "graph"}, {Conv: "kernel"}}, nil
+	for _, g := range goals(res) {
+		switch g.what {
+		case "End to end: transformer throughput", "End to end: transformer validation loss",
+			"The demo's CNN, wall time", "The demo's CNN without BLAS":
+			assert.False(t, g.known, g.what)
+			assert.False(t, g.met, g.what)
+		}
 	}
 }

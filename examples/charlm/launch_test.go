@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/launch"
+)
+
+// TestMPIRunTwoProcesses: under a real `mpirun -np 2`, the unchanged program trains with gradients that
+// cross processes, both ranks end with bitwise-identical weights (the program checks its replicas before
+// evaluating, and fails otherwise), only the main process prints the summary, and the validation loss is
+// the one process's at the same global batch (2 × 4 windows against 1 × 8).
+func TestMPIRunTwoProcesses(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	bin := filepath.Join(t.TempDir(), "charlm")
+	build := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "./examples/charlm")
+	build.Dir = "../.."
+	output, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", output)
+
+	root := tinyCorpus(t)
+	common := []string{"-data", root, "-context", "16", "-dmodel", "32", "-heads", "2", "-blocks", "1",
+		"-steps", "12", "-warmup", "2", "-k", "2", "-lr", "0.01", "-limit", "64", "-eval-windows", "20", "-seed", "11"}
+	code, stdout, stderr := runMain(t, append([]string{"-batch", "8"}, common...)...)
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	single := parseSummary(t, stdout)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	job, err := launch.Command(ctx, 2, bin, append([]string{"-batch", "4"}, common...),
+		launch.WithStdio(nil, &out, &errOut), launch.WithCPUs(2))
+	require.NoError(t, err)
+	require.NoError(t, job.Run(), "stdout: %s\nstderr: %s", out.String(), errOut.String())
+	double := parseSummary(t, out.String())
+
+	assert.Equal(t, 1, strings.Count(out.String(), `{"rank":`), "one summary line, from the main process:\n%s", out.String())
+	assert.Equal(t, 0, double.Rank)
+	assert.Equal(t, 2, double.WorldSize)
+	assert.Equal(t, single.GlobalBatch, double.GlobalBatch)
+	assert.Equal(t, single.Steps, double.Steps)
+	assert.Equal(t, single.TrainExamples, double.TrainExamples, "the tokens of both processes count")
+	assert.Positive(t, double.CollectiveCalls, "two processes must exchange gradients")
+	// The same job cut differently: float32 sums in another order, nothing more.
+	assert.InDelta(t, float64(single.ValidationLoss), float64(double.ValidationLoss), 0.02,
+		"1 process: %.4f, 2 processes: %.4f", single.ValidationLoss, double.ValidationLoss)
+	t.Logf("validation loss: 1 process %.4f, 2 processes %.4f", single.ValidationLoss, double.ValidationLoss)
+}
