@@ -10,11 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/goaccel/goaccel/backends/compute"
 )
 
 // convEnv selects how the pure-Go backend computes convolutions: "graph" lowers them to im2col built from
 // Slice and Concatenate (what the backend did first), "kernel" runs the dedicated convolution executor.
-const convEnv = "GOACCEL_CONV"
+const convEnv = compute.ConvEnvVar
 
 // pureGoPlan is the demo's CNN trained by grad_accum built without the blas tag, once per convolution
 // lowering, for the same examples.
