@@ -51,6 +51,8 @@ type config struct {
 	seed        uint64
 	dataDir     string
 	quiet       bool
+	// cpuProfile receives a pprof CPU profile of the training loop (not of loading or evaluation).
+	cpuProfile string
 }
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
@@ -112,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Uint64Var(&cfg.seed, "seed", 42, "seed for weight initialisation and shuffling; the same on every process")
 	fs.StringVar(&cfg.dataDir, "data", defaultDataDir(), "directory whose .go files (recursively) are the corpus")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress lines")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the training loop to this file, for `go tool pprof` (empty = none)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: charlm [flags]\n\nTrains a byte-level transformer language model on Go "+
 			"source; run it under mpirun (built with -tags mpi) to train on several processes.\n\n")

@@ -12,6 +12,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/internal/cpuprofile"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -81,6 +82,11 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 	if err := acc.WaitForEveryone(); err != nil {
 		return nil, err
 	}
+	stopProfile, err := cpuprofile.Start(cfg.cpuProfile, acc.Rank(), acc.WorldSize())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = stopProfile() }()
 	start := time.Now()
 	var recent []float64 // the last micro-batches' losses on this process
 	var localWindows int64
@@ -130,6 +136,9 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 		}
 	}
 	res.trainTime = time.Since(start)
+	if err := stopProfile(); err != nil {
+		return nil, err
+	}
 	res.stats = acc.Stats()
 	// One cheap collective proves that every process ends with the same weights before they are evaluated.
 	if err := acc.CheckReplicas(model); err != nil {

@@ -16,12 +16,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/internal/cpuprofile"
 )
 
 func main() {
@@ -191,7 +191,7 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	if err := acc.WaitForEveryone(); err != nil {
 		return err
 	}
-	stopProfile, err := startCPUProfile(cfg.cpuProfile, acc.Rank(), acc.WorldSize())
+	stopProfile, err := cpuprofile.Start(cfg.cpuProfile, acc.Rank(), acc.WorldSize())
 	if err != nil {
 		return err
 	}
@@ -248,27 +248,4 @@ func processes(n int) string {
 		return "1 process"
 	}
 	return fmt.Sprintf("%d processes", n)
-}
-
-// startCPUProfile starts a CPU profile written to path (nothing when path is empty); stop ends it and
-// closes the file. Each process profiles itself: under several processes the path gets ".rank-N".
-func startCPUProfile(path string, rank, worldSize int) (stop func() error, err error) {
-	if path == "" {
-		return func() error { return nil }, nil
-	}
-	if worldSize > 1 {
-		path = fmt.Sprintf("%s.rank-%d", path, rank)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("-cpuprofile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("-cpuprofile: %w", err)
-	}
-	return func() error {
-		pprof.StopCPUProfile()
-		return f.Close()
-	}, nil
 }
