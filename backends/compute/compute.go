@@ -93,13 +93,19 @@ func New(cfg Config) (backends.Backend, error) {
 	}
 	backendMu.Lock()
 	defer backendMu.Unlock()
-	backend, ok := backendByConfig[config]
+	// The convolution form decides which wrapper the backend gets, so it is part of the key.
+	form, err := convolutionForm(cfg)
+	if err != nil {
+		return nil, err
+	}
+	key := fmt.Sprintf("%s|conv=%d", config, form)
+	backend, ok := backendByConfig[key]
 	if !ok {
 		var err error
 		if backend, err = newBackend(cfg, config, reason); err != nil {
 			return nil, err
 		}
-		backendByConfig[config] = backend
+		backendByConfig[key] = backend
 	}
 	name, options, _ := strings.Cut(config, ":")
 	if err := setUpKernels(cfg, name); err != nil {

@@ -197,7 +197,8 @@ func describeKernels(cfg compute.Config, topo backends.Topology) []entry {
 		threads = fmt.Sprintf("%d per process × %d process(es) on this node", k.Threads, max(1, topo.LocalSize))
 	}
 	return []entry{{"Gradients", k.Gradients}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
-		{"Operations", k.Ops + " (how the pure-Go backend schedules a graph's operations)"}}
+		{"Operations", k.Ops + " (how the pure-Go backend schedules a graph's operations)"},
+		{"Convolutions", k.Convolutions}}
 }
 
 // relevantEnvironment lists the variables that change what goaccel, GoMLX or Open MPI do.

@@ -171,6 +171,7 @@ func Example_env() {
 	// Matmul
 	// Matmul threads
 	// Operations
+	// Convolutions
 	// Environment
 }
 
@@ -201,6 +202,11 @@ func TestEnvReportsKernels(t *testing.T) {
 	assert.True(t, strings.HasPrefix(report()["Operations"], "sequential"), "one thread: one operation at a time")
 	t.Setenv(compute.ThreadsEnvVar, "2")
 	assert.True(t, strings.HasPrefix(report()["Operations"], "parallel"), "two threads: the backend's own scheduling")
+	assert.Equal(t, "im2col + gemm executors", report()["Convolutions"])
+	t.Setenv(compute.ConvEnvVar, "graph")
+	assert.Equal(t, "lowered to slices and dots in the graph", report()["Convolutions"])
+	t.Setenv(compute.ConvEnvVar, "")
+	assert.Equal(t, "im2col + gemm executors", report()["Convolutions"], "the default comes back")
 }
 
 // TestLaunchProgramThatCannotRun: a missing or non-executable program gets a shell's exit code (127, 126)
