@@ -18,7 +18,10 @@ import (
 // that its peak memory is its own.
 type computePlan struct {
 	Config trainConfig
-	Rounds int // child processes per configuration, interleaved (0: skip the section)
+	// AsShipped makes a child build GoMLX's pure-Go backend itself, with none of goaccel's kernels: no
+	// gradient rules, executors or builder wrappers (set per child, for the "GoMLX as shipped" row).
+	AsShipped bool `json:",omitempty"`
+	Rounds    int  // child processes per configuration, interleaved (0: skip the section)
 	// StepTime is how long a child times steps after its warm-up step, within [MinSteps, MaxSteps].
 	StepTime           time.Duration
 	MinSteps, MaxSteps int
@@ -29,12 +32,13 @@ type computePlan struct {
 type computeConfig struct {
 	Name, Slug string
 	Env        []string
+	AsShipped  bool // GoMLX's own backend, bypassing compute.New (Env then only documents it)
 }
 
 var computeConfigs = []computeConfig{
-	{"GoMLX as shipped", "gomlx", []string{"GOACCEL_GRADIENTS=gomlx", "GOACCEL_MATMUL=go"}},
-	{"pure Go", "go", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=go"}},
-	{"BLAS", "blas", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=blas"}},
+	{"GoMLX as shipped", "gomlx", []string{"GOMLX_BACKEND=go"}, true},
+	{"pure Go", "go", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=go"}, false},
+	{"BLAS", "blas", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=blas"}, false},
 }
 
 // computeResult is one configuration's training steps.
@@ -65,7 +69,11 @@ func runStepJob(arg string, stdout io.Writer) error {
 	if err := json.Unmarshal([]byte(arg), &job); err != nil {
 		return fmt.Errorf("bench: -%s: %w", stepJobFlag, err)
 	}
-	tr, err := newGoMLXTrainer(job.Config, 1)
+	backend, err := benchBackend(job.AsShipped)
+	if err != nil {
+		return err
+	}
+	tr, err := newGoMLXTrainerOn(backend, job.Config, 1)
 	if err != nil {
 		return err
 	}
@@ -96,9 +104,14 @@ func (d *driver) measureCompute(ctx context.Context) ([]computeResult, error) {
 	if p.Rounds == 0 {
 		return nil, nil
 	}
-	job, err := json.Marshal(p)
-	if err != nil {
-		return nil, err
+	jobs := make([][]byte, len(computeConfigs))
+	for i, c := range computeConfigs {
+		job := p
+		job.AsShipped = c.AsShipped
+		var err error
+		if jobs[i], err = json.Marshal(job); err != nil {
+			return nil, err
+		}
 	}
 	out := make([]computeResult, len(computeConfigs))
 	for i, c := range computeConfigs {
@@ -109,7 +122,7 @@ func (d *driver) measureCompute(ctx context.Context) ([]computeResult, error) {
 		for _, i := range rand.New(rand.NewPCG(uint64(round), 0xc0de)).Perm(len(out)) {
 			r := &out[i]
 			d.progressf("compute: %s, %s (round %d of %d)\n", p.Config.Model.shortName(), r.Config.Name, round+1, p.Rounds)
-			report, err := d.runStepJob(ctx, r.Config.Env, job)
+			report, err := d.runStepJob(ctx, r.Config.Env, jobs[i])
 			if err != nil {
 				// One configuration that cannot run (BLAS not built in) must not cost the whole run.
 				d.progressf("compute: %s: %v\n", r.Config.Name, err)

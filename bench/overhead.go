@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 
+	gomlxbackends "github.com/gomlx/gomlx/backends"
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
@@ -30,16 +31,29 @@ type gomlxTrainer struct {
 }
 
 func newGoMLXTrainer(cfg trainConfig, seed uint64) (*gomlxTrainer, error) {
-	// The compute section's children choose their kernels by environment variables: resolve them as an
-	// Accelerator would.
-	conf, err := accel.Resolve(accel.WithBackend("go"))
+	backend, err := benchBackend(false)
 	if err != nil {
 		return nil, err
 	}
-	backend, err := compute.New(conf.Compute)
+	return newGoMLXTrainerOn(backend, cfg, seed)
+}
+
+// benchBackend is the pure-Go backend with goaccel's kernels chosen by environment variables, resolved as an
+// Accelerator would (the compute section's children choose them so); or, asShipped, GoMLX's pure-Go backend
+// as GoMLX ships it: built by GoMLX itself, so none of goaccel's gradient rules, executors or builder
+// wrappers is installed in the process.
+func benchBackend(asShipped bool) (gomlxbackends.Backend, error) {
+	if asShipped {
+		return gomlxbackends.NewWithConfig(compute.PureGo)
+	}
+	conf, err := accel.Resolve(accel.WithBackend(compute.PureGo))
 	if err != nil {
 		return nil, err
 	}
+	return compute.New(conf.Compute)
+}
+
+func newGoMLXTrainerOn(backend gomlxbackends.Backend, cfg trainConfig, seed uint64) (*gomlxTrainer, error) {
 	ctx := context.New()
 	if err := ctx.SetRNGStateFromSeed(int64(seed)); err != nil {
 		return nil, err
