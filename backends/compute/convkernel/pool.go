@@ -2,6 +2,7 @@ package convkernel
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/gomlx/gomlx/backends"
@@ -277,6 +278,10 @@ func reduceWindows[T float32 | float64](p *windowPlan, reduction backends.Reduce
 			return
 		}
 		out := output[index : index+length]
+		if len(offsets) == 4 && step == 1 {
+			reduceRun4(reduction == backends.ReduceOpMax, operand[origin:], offsets, out)
+			return
+		}
 		if reduction == backends.ReduceOpMax {
 			for j := range out {
 				best := operand[origin+offsets[0]]
@@ -360,6 +365,10 @@ func selectAndScatter[T float32 | float64](p *windowPlan, selectMax bool, operan
 		// chosen position and zeros elsewhere (through a small array, so no store depends on a branch),
 		// with no clearing pass and no read-modify-write.
 		p.walk(func(index, origin, length, step int, _ []int) {
+			if len(offsets) == 4 && step == 1 {
+				selectAndScatterRun4(sign, operand[origin:], offsets, source[index:index+length], output[origin:])
+				return
+			}
 			var window [maxTiledWindow]T
 			for _, value := range source[index : index+length] {
 				chosen := 0
@@ -405,6 +414,63 @@ func selectAndScatter[T float32 | float64](p *windowPlan, selectMax bool, operan
 			origin += step
 		}
 	})
+}
+
+// The 2×2 windows of channels-last pooling, its most common form, make runs whose consecutive outputs read
+// consecutive operand elements (step 1): reduceRun4 and selectAndScatterRun4 read the four window positions
+// as four streams, which the compiler checks once per run instead of at every element, and unroll the
+// window. Each gives the general loop's result exactly.
+
+// reduceRun4 pools a run of 4-element windows starting at operand[0]: out[j] is the max (or min) of
+// operand[j+offsets[k]], in the general loop's order.
+func reduceRun4[T float32 | float64](selectMax bool, operand []T, offsets []int, out []T) {
+	n := len(out)
+	a, b := operand[offsets[0]:offsets[0]+n], operand[offsets[1]:offsets[1]+n]
+	c, d := operand[offsets[2]:offsets[2]+n], operand[offsets[3]:offsets[3]+n]
+	if selectMax {
+		for j := range out {
+			out[j] = max(max(max(a[j], b[j]), c[j]), d[j])
+		}
+		return
+	}
+	for j := range out {
+		out[j] = min(min(min(a[j], b[j]), c[j]), d[j])
+	}
+}
+
+// selectAndScatterRun4 writes a run of whole tiling 4-element windows: the source value where the window's
+// first largest (sign 1) or smallest (sign −1) operand is, zeros at its other three positions.
+func selectAndScatterRun4[T float32 | float64](sign T, operand []T, offsets []int, source, output []T) {
+	n := len(source)
+	a, b := operand[offsets[0]:offsets[0]+n], operand[offsets[1]:offsets[1]+n]
+	c, d := operand[offsets[2]:offsets[2]+n], operand[offsets[3]:offsets[3]+n]
+	outA, outB := output[offsets[0]:offsets[0]+n], output[offsets[1]:offsets[1]+n]
+	outC, outD := output[offsets[2]:offsets[2]+n], output[offsets[3]:offsets[3]+n]
+	for j, value := range source {
+		best, chosen := sign*a[j], 0
+		v := sign * b[j]
+		chosen = pickInt(v > best, 1, chosen)
+		best = max(best, v)
+		v = sign * c[j]
+		chosen = pickInt(v > best, 2, chosen)
+		best = max(best, v)
+		chosen = pickInt(sign*d[j] > best, 3, chosen)
+		outA[j], outB[j] = keepIf(chosen == 0, value), keepIf(chosen == 1, value)
+		outC[j], outD[j] = keepIf(chosen == 2, value), keepIf(chosen == 3, value)
+	}
+}
+
+// keepIf is value if cond, else +0, without a branch: a mask of the value's bits, all ones or all zeros
+// (Go emits conditional moves for integers, not for floats).
+func keepIf[T float32 | float64](cond bool, value T) T {
+	var mask uint64
+	if cond {
+		mask = ^uint64(0)
+	}
+	if bits, ok := any(value).(float32); ok {
+		return T(math.Float32frombits(math.Float32bits(bits) & uint32(mask)))
+	}
+	return T(math.Float64frombits(math.Float64bits(float64(value)) & mask))
 }
 
 // maxTiledWindow bounds the windows selectAndScatter writes whole (4×4 and smaller).

@@ -135,3 +135,95 @@ func TestPoolGradientsOnExtendedBackend(t *testing.T) {
 		}
 	}
 }
+
+// TestChannelsLast2x2Runs checks the unrolled runs of 2×2 channels-last windows against a direct
+// computation, on values drawn from a few levels (so windows hold ties) with some NaNs: the max or min
+// propagates NaN, and the gradient goes to the window's first best position before any NaN, as in the
+// general loop.
+func TestChannelsLast2x2Runs(t *testing.T) {
+	dims := []int{2, 4, 6, 5} // batch, height, width, channels
+	tests := []struct {
+		name      string
+		strides   []int
+		selectMax bool
+	}{
+		{"max, tiling", nil, true},
+		{"min, tiling", nil, false},
+		{"max, overlapping", []int{1, 1, 1, 1}, true},
+		{"min, overlapping", []int{1, 1, 1, 1}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := newWindowPlan(dims, []int{1, 2, 2, 1}, tc.strides, nil)
+			require.NoError(t, err)
+			rng := rand.New(rand.NewPCG(3, 4))
+			operand := make([]float32, product(dims))
+			for i := range operand {
+				operand[i] = float32(rng.IntN(3))
+				if rng.IntN(17) == 0 {
+					operand[i] = float32(math.NaN())
+				}
+			}
+			reduction := backends.ReduceOpMax
+			sign := float32(1)
+			if !tc.selectMax {
+				reduction, sign = backends.ReduceOpMin, -1
+			}
+			pooled := make([]float32, product(plan.outputDims))
+			reduceWindows(plan, reduction, operand, pooled)
+			var wantGradient []float32
+			if tc.strides == nil {
+				wantGradient = make([]float32, len(operand))
+			}
+			index := 0
+			_, height, width, channels := plan.outputDims[0], plan.outputDims[1], plan.outputDims[2], plan.outputDims[3]
+			stride := 2
+			if tc.strides != nil {
+				stride = 1
+			}
+			for b := range plan.outputDims[0] {
+				for i := range height {
+					for j := range width {
+						for c := range channels {
+							var window [4]int
+							for k, d := range [4][2]int{{0, 0}, {0, 1}, {1, 0}, {1, 1}} {
+								window[k] = ((b*dims[1]+i*stride+d[0])*dims[2]+j*stride+d[1])*dims[3] + c
+							}
+							best, chosen, nan := sign*operand[window[0]], 0, false
+							for k, at := range window {
+								v := sign * operand[at]
+								nan = nan || v != v
+								if v > best {
+									chosen = k
+								}
+								best = max(best, v) // a NaN, once met, wins the window: nothing after it is larger
+							}
+							if nan {
+								assert.True(t, math.IsNaN(float64(pooled[index])), "window %d holds a NaN", index)
+							} else {
+								assert.Equal(t, sign*best, pooled[index], "window %d", index)
+							}
+							if wantGradient != nil {
+								wantGradient[window[chosen]] = float32(index + 1)
+							}
+							index++
+						}
+					}
+				}
+			}
+			if wantGradient == nil {
+				return
+			}
+			source := make([]float32, len(pooled))
+			for i := range source {
+				source[i] = float32(i + 1)
+			}
+			gradient := make([]float32, len(operand))
+			for i := range gradient {
+				gradient[i] = -1 // every element must be written
+			}
+			selectAndScatter(plan, tc.selectMax, operand, source, gradient)
+			assert.Equal(t, wantGradient, gradient)
+		})
+	}
+}
