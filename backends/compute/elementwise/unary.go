@@ -69,7 +69,23 @@ func execErf(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.
 func exps(in, out []float32) {
 	out = out[:len(in)]
 	for i, x := range in {
-		out[i] = exp32(x)
+		if !(x >= expSubnormal && x <= expOverflow) { // NaN included
+			out[i] = expOutside(x)
+			continue
+		}
+		// expNormal, written out: the compiler would not inline it, and a call per element keeps the
+		// processor from overlapping consecutive elements' polynomials.
+		n := (x*log2e + roundMagic) - roundMagic
+		r := x - n*ln2Hi - n*ln2Lo
+		p := float32(expP0)
+		p = p*r + expP1
+		p = p*r + expP2
+		p = p*r + expP3
+		p = p*r + expP4
+		p = p*r + expP5
+		k := int32(n)
+		half := k >> 1
+		out[i] = (p*r*r + r + 1) * math.Float32frombits(uint32(half+127)<<23) * math.Float32frombits(uint32(k-half+127)<<23)
 	}
 }
 
@@ -84,42 +100,66 @@ func erfs(in, out []float32) {
 const (
 	expOverflow  = 88.72283
 	expSubnormal = -87.33654
+	// Below expZero, e^x rounds to zero in float32 (half the smallest subnormal is e^−103.97).
+	expZero = -104
 )
 
 // exp32 is e^x in float32.
 func exp32(x float32) float32 {
+	if x >= expSubnormal && x <= expOverflow {
+		return expNormal(x)
+	}
+	return expOutside(x)
+}
+
+// expOutside is e^x where the result is not a normal float32: NaN, overflow, subnormal or zero. A masked
+// softmax score (float32's lowest value) lands here for half a causal attention matrix, so zero comes
+// first and cheaply.
+func expOutside(x float32) float32 {
 	switch {
+	case x < expZero:
+		return 0
 	case x != x:
 		return x
 	case x > expOverflow:
 		return float32(math.Inf(1))
-	case x < expSubnormal:
-		return float32(math.Exp(float64(x))) // Subnormal or zero: rare, done exactly.
 	}
-	const (
-		log2e = 1.44269504088896341
-		ln2Hi = 0.693359375 // ln 2 split so that n·ln2Hi is exact
-		ln2Lo = -2.12194440e-4
-	)
-	t := x * log2e
-	k := int32(t + 0.5) // Rounds to nearest: the conversion truncates towards zero, so offset by ±0.5.
-	if t < 0 {
-		k = int32(t - 0.5)
-	}
-	n := float32(k)
-	r := x - n*ln2Hi - n*ln2Lo
-	p := float32(1.9875691500e-4)
-	p = p*r + 1.3981999507e-3
-	p = p*r + 8.3334519073e-3
-	p = p*r + 4.1665795894e-2
-	p = p*r + 1.6666665459e-1
-	p = p*r + 5.0000001201e-1
-	y := p*r*r + r + 1
-	if k > 127 { // y·2^k with 2^k beyond float32's normal exponents: scale in two steps.
-		return y * math.Float32frombits(uint32(127+127)<<23) * math.Float32frombits(uint32(k-127+127)<<23)
-	}
-	return y * math.Float32frombits(uint32(k+127)<<23)
+	return float32(math.Exp(float64(x))) // Subnormal: rare, done exactly.
 }
+
+// expNormal is e^x for x in [expSubnormal, expOverflow], without a branch, small enough to be inlined in
+// the loop over a tensor: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by Cephes' polynomial, 2^n built in the
+// exponent bits in two halves (n reaches 128, whose 2^n alone is not a float32).
+func expNormal(x float32) float32 {
+	n := (x*log2e + roundMagic) - roundMagic
+	r := x - n*ln2Hi - n*ln2Lo
+	p := float32(expP0)
+	p = p*r + expP1
+	p = p*r + expP2
+	p = p*r + expP3
+	p = p*r + expP4
+	p = p*r + expP5
+	y := p*r*r + r + 1
+	k := int32(n)
+	half := k >> 1
+	return y * math.Float32frombits(uint32(half+127)<<23) * math.Float32frombits(uint32(k-half+127)<<23)
+}
+
+// The constants of expNormal.
+const (
+	log2e = 1.44269504088896341
+	ln2Hi = 0.693359375 // ln 2 split so that n·ln2Hi is exact
+	ln2Lo = -2.12194440e-4
+	// Adding and subtracting 1.5·2^23 rounds a float32 of magnitude below 2^22 to the nearest integer.
+	roundMagic = 12582912
+	// Cephes' expf polynomial.
+	expP0 = 1.9875691500e-4
+	expP1 = 1.3981999507e-3
+	expP2 = 8.3334519073e-3
+	expP3 = 4.1665795894e-2
+	expP4 = 1.6666665459e-1
+	expP5 = 5.0000001201e-1
+)
 
 // erf32 is erf(x) in float32: a rational approximation on [−4, 4], where it reaches ±1 in float32.
 func erf32(x float32) float32 {

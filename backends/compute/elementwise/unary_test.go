@@ -45,3 +45,29 @@ func TestErf32(t *testing.T) {
 	assert.Less(t, worst, 5e-7)
 	t.Logf("worst absolute error %.3g", worst)
 }
+
+// BenchmarkExp32 times exps on the inputs a transformer gives it: spread values (GELU's gradient), and a
+// causal softmax's shifted scores, half of them masked to float32's lowest value.
+func BenchmarkExp32(b *testing.B) {
+	const n = 1 << 16
+	spread, masked := make([]float32, n), make([]float32, n)
+	for i := range n {
+		spread[i] = float32(i%2003)/100 - 10
+		masked[i] = -float32(i%61) / 10
+		if (i/64)%64 < i%64 { // row i/64 of a 64×64 score matrix sees positions up to its own
+			masked[i] = -math.MaxFloat32
+		}
+	}
+	out := make([]float32, n)
+	for _, input := range []struct {
+		name   string
+		values []float32
+	}{{"spread", spread}, {"causal-softmax", masked}} {
+		b.Run(input.name, func(b *testing.B) {
+			b.SetBytes(4 * n)
+			for b.Loop() {
+				exps(input.values, out)
+			}
+		})
+	}
+}
