@@ -291,6 +291,10 @@ func im2col2D[T float32 | float64](patches, input []T, batch, height, width, cha
 	kernelHeight, kernelWidth int, rowTable, colTable []int) {
 	at := 0
 	imageSize := height * width * channels
+	// At an output column whose kernel columns read consecutive input columns (stride and dilation 1, no
+	// padding), a patch row is one contiguous run of the input line: one copy instead of one per column.
+	firstCols := consecutiveRuns(colTable, outWidth, kernelWidth)
+	span := kernelWidth * channels
 	for b := range batch {
 		image := input[b*imageSize : (b+1)*imageSize]
 		for oh := range outHeight {
@@ -299,11 +303,24 @@ func im2col2D[T float32 | float64](patches, input []T, batch, height, width, cha
 				cols := colTable[ow*kernelWidth : (ow+1)*kernelWidth]
 				for _, ih := range rows {
 					if ih < 0 {
-						clear(patches[at : at+kernelWidth*channels])
-						at += kernelWidth * channels
+						clear(patches[at : at+span])
+						at += span
 						continue
 					}
 					line := image[ih*width*channels : (ih+1)*width*channels]
+					if first := firstCols[ow]; first >= 0 {
+						run := line[first*channels : first*channels+span]
+						if span <= smallCopy {
+							dst := patches[at : at+span]
+							for i := range dst {
+								dst[i] = run[i]
+							}
+						} else {
+							copy(patches[at:at+span], run)
+						}
+						at += span
+						continue
+					}
 					if channels == 1 {
 						for _, iw := range cols {
 							if iw < 0 {
@@ -387,6 +404,12 @@ func im2colDual[T float32 | float64](p *convPlan, patches, input []T) {
 	}
 	rowTable := positionTable(output[0], kernel[0], spatial[0], strides[0], kernelDilations[0], inputDilations[0], lowPads[0])
 	colTable := positionTable(output[1], kernel[1], spatial[1], strides[1], kernelDilations[1], inputDilations[1], lowPads[1])
+	// For kernel column kw, the output columns whose input columns are consecutive (stride 1 and no input
+	// dilation: all but those reading padding) read one contiguous run of the plane's row: one copy.
+	runs := make([][2]int, kernel[1]) // [first, end) output columns of the run
+	for kw := range kernel[1] {
+		runs[kw] = consecutiveSpan(colTable, output[1], kernel[1], kw)
+	}
 	batch := p.batch
 	planeSize := spatial[0] * spatial[1] * batch
 	at := 0
@@ -408,6 +431,16 @@ func im2colDual[T float32 | float64](p *convPlan, patches, input []T) {
 						}
 						continue
 					}
+					if run := runs[kw]; ih >= 0 && run[1] > run[0] {
+						first, end := run[0], run[1]
+						clear(patches[at : at+first*batch])
+						from := (ih*spatial[1] + colTable[first*kernel[1]+kw]) * batch
+						n := (end - first) * batch
+						copy(patches[at+first*batch:at+first*batch+n], plane[from:from+n])
+						clear(patches[at+end*batch : at+output[1]*batch])
+						at += output[1] * batch
+						continue
+					}
 					for ow := range output[1] {
 						iw := colTable[ow*kernel[1]+kw]
 						if ih < 0 || iw < 0 {
@@ -422,6 +455,54 @@ func im2colDual[T float32 | float64](p *convPlan, patches, input []T) {
 			}
 		}
 	}
+}
+
+// smallCopy is the length up to which a loop copies faster than a call to copy.
+const smallCopy = 16
+
+// consecutiveRuns returns, for each of outputSize output positions, the first input position its kernel
+// positions read if they read kernelSize consecutive input positions (none in padding), else −1.
+func consecutiveRuns(table []int, outputSize, kernelSize int) []int {
+	firsts := make([]int, outputSize)
+	for o := range outputSize {
+		positions := table[o*kernelSize : (o+1)*kernelSize]
+		firsts[o] = positions[0]
+		for k, at := range positions {
+			if positions[0] < 0 || at != positions[0]+k {
+				firsts[o] = -1
+				break
+			}
+		}
+	}
+	return firsts
+}
+
+// consecutiveSpan returns the output positions [first, end) at which kernel position k reads consecutive
+// input positions, with only padding (−1) outside them; first == end when there is no such span (strides,
+// input dilations).
+func consecutiveSpan(table []int, outputSize, kernelSize, k int) [2]int {
+	first, end := -1, -1
+	for o := range outputSize {
+		at := table[o*kernelSize+k]
+		switch {
+		case at < 0 && first < 0:
+		case at < 0:
+			if end < 0 {
+				end = o
+			}
+		case first < 0:
+			first = o
+		case end >= 0 || at != table[(o-1)*kernelSize+k]+1:
+			return [2]int{}
+		}
+	}
+	if first < 0 {
+		return [2]int{}
+	}
+	if end < 0 {
+		end = outputSize
+	}
+	return [2]int{first, end}
 }
 
 // seq returns from, from+1, …, from+n−1.

@@ -244,3 +244,51 @@ func assertClose(t *testing.T, got, want []float64, tolerance float64) {
 			"element %d: %g, want %g", i, got[i], want[i])
 	}
 }
+
+// TestIm2col2DRuns compares im2col2D with a direct construction of the patch matrix, for channel counts on
+// both sides of smallCopy's run length (so both the loop and copy take the contiguous-run path) and
+// strides and paddings that break runs.
+func TestIm2col2DRuns(t *testing.T) {
+	const batch, height, width, kernelSize = 2, 5, 6, 3
+	for _, channels := range []int{1, 3, 8} {
+		for _, stride := range []int{1, 2} {
+			for _, pad := range []int{0, 1} {
+				t.Run(fmt.Sprintf("c%d/s%d/p%d", channels, stride, pad), func(t *testing.T) {
+					outHeight := (height+2*pad-kernelSize)/stride + 1
+					outWidth := (width+2*pad-kernelSize)/stride + 1
+					rows := positionTable(outHeight, kernelSize, height, stride, 1, 1, pad)
+					cols := positionTable(outWidth, kernelSize, width, stride, 1, 1, pad)
+					input := make([]float32, batch*height*width*channels)
+					for i := range input {
+						input[i] = float32(i + 1)
+					}
+					var want []float32
+					for b := range batch {
+						for oh := range outHeight {
+							for ow := range outWidth {
+								for kh := range kernelSize {
+									for kw := range kernelSize {
+										ih, iw := oh*stride+kh-pad, ow*stride+kw-pad
+										for c := range channels {
+											v := float32(0)
+											if ih >= 0 && ih < height && iw >= 0 && iw < width {
+												v = input[((b*height+ih)*width+iw)*channels+c]
+											}
+											want = append(want, v)
+										}
+									}
+								}
+							}
+						}
+					}
+					patches := make([]float32, len(want))
+					for i := range patches {
+						patches[i] = -1 // every element must be written
+					}
+					im2col2D(patches, input, batch, height, width, channels, outHeight, outWidth, kernelSize, kernelSize, rows, cols)
+					assert.Equal(t, want, patches)
+				})
+			}
+		}
+	}
+}
