@@ -15,6 +15,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends/compute/convgrad"
 	"github.com/goaccel/goaccel/backends/compute/convkernel"
+	"github.com/goaccel/goaccel/backends/compute/elementwise"
 )
 
 // Config selects the GoMLX compute backend.
@@ -172,6 +173,10 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 		} else {
 			backend = convkernel.Extend(backend)
 		}
+		// Outermost, so that it sees every binary operation the graph builds: a broadcast single value (ReLU's
+		// zeros, an optimizer's scalars) or a broadcast that only inserts axes (biases, LayerNorm's statistics)
+		// is passed as it is, and never materialised.
+		backend = elementwise.Extend(backend)
 	}
 	return backend, nil
 }

@@ -3,8 +3,13 @@ package compute
 import (
 	"testing"
 
+	"github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/layers/activations"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/backends/compute/elementwise"
 )
 
 func TestVisibleDeviceForRank(t *testing.T) {
@@ -86,5 +91,26 @@ func TestKernelsReportOps(t *testing.T) {
 		_, err := New(Config{Backend: PureGo, Threads: threads})
 		require.NoError(t, err)
 		assert.Equal(t, want, CurrentKernels().Ops, "%d thread(s)", threads)
+	}
+}
+
+// TestPureGoBackendPassesBroadcastsThrough: the backend New makes never materialises the broadcasts that
+// elementwise.Extend passes through (ReLU's zeros, a bias over a batch), for either convolution form.
+func TestPureGoBackendPassesBroadcastsThrough(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", "")
+	for _, conv := range []string{"", "graph"} {
+		t.Run("conv="+conv, func(t *testing.T) {
+			t.Setenv(ConvEnvVar, conv)
+			backend, err := New(Config{Backend: PureGo})
+			require.NoError(t, err)
+			x := tensors.FromValue([][]float32{{-1, 2, -3}, {4, -5, 6}})
+			bias := tensors.FromValue([]float32{10, 20, 30})
+			before := elementwise.Calls().BroadcastInDims
+			got := graph.MustExecOnce(backend, func(x, bias *graph.Node) *graph.Node {
+				return graph.Add(activations.Relu(x), graph.ExpandAndBroadcast(bias, x.Shape().Dimensions, []int{0}))
+			}, x, bias)
+			assert.Equal(t, [][]float32{{10, 22, 30}, {14, 20, 36}}, got.Value())
+			assert.Equal(t, before, elementwise.Calls().BroadcastInDims, "a broadcast was materialised")
+		})
 	}
 }
