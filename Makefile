@@ -1,5 +1,5 @@
 # goaccel: `make demo` trains the example on one CPU, `make test` runs every test (real MPI included).
-# Both install what they need first (OpenMPI, OpenBLAS, the Fashion-MNIST Debian package).
+# Both install what they need first (OpenMPI, OpenBLAS, the Fashion-MNIST Debian package; PyTorch for the tests).
 
 GO ?= go
 # The pure-Go GoMLX backend is the default; never let GoMLX download plugins during a build or test.
@@ -42,10 +42,11 @@ vet: deps-openmpi deps-openblas
 	$(GO) vet ./...
 	$(GO) vet -tags $(MPI_TAGS) ./...
 
-# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries), with
-# the BLAS path; then the compute packages again without it, so the pure-Go path stays tested too; then the
+# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries) and the
+# bench's quick end-to-end run against PyTorch (hence deps-torch), with the BLAS path; then the compute
+# packages again without it, so the pure-Go path stays tested too; then the
 # collective engines under the race detector, MPI ranks included (mpirun starts the race-built binary).
-test: deps vet
+test: deps deps-torch vet
 	$(GO) test -count=1 -timeout 45m -tags $(TAGS) ./...
 	$(GO) test -count=1 -timeout 10m ./backends/compute/...
 	$(GO) test -count=1 -timeout 10m -race -tags $(MPI_TAGS) ./backends/ ./backends/enginetest/ ./backends/mpi/
