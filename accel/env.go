@@ -29,8 +29,8 @@ var envSettings = []envSetting{
 		d, err := backends.ParseTimeout(v)
 		return WithCollectiveTimeout(d), err
 	}},
-	{backends.CallChecksEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithDebug), nil }},
-	{CheckReplicasEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithReplicaCheck), nil }},
+	{backends.CallChecksEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithDebug) }},
+	{CheckReplicasEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithReplicaCheck) }},
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
@@ -49,12 +49,30 @@ var envSettings = []envSetting{
 	}},
 }
 
-// onWhenTrue is on for "1" and "true", and no change otherwise.
-func onWhenTrue(v string, on func() Option) Option {
-	if v == "1" || v == "true" {
-		return on()
+// onWhenTrue is on() for a value that means true, no change for one that means false (off is the default,
+// and a program's own option still wins), and an error for anything else: a misspelt switch must not be
+// silently off.
+func onWhenTrue(v string, on func() Option) (Option, error) {
+	set, err := parseSwitch(v)
+	if err != nil {
+		return nil, err
 	}
-	return func(*config) {}
+	if set {
+		return on(), nil
+	}
+	return func(*config) {}, nil
+}
+
+// parseSwitch reads a boolean environment variable in the spellings people use: 1, true, yes, on and 0,
+// false, no, off, in any case and with surrounding spaces.
+func parseSwitch(v string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on":
+		return true, nil
+	case "0", "false", "no", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("want 1, true, yes or on (or 0, false, no, off), got %q", v)
 }
 
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),

@@ -57,6 +57,16 @@ func TestResolveFromEnvironment(t *testing.T) {
 				assert.False(t, c.Debug)
 				assert.False(t, c.ReplicaCheck)
 			}},
+		{"switches in the usual spellings: yes, on", map[string]string{backends.CallChecksEnvVar: "yes", accel.CheckReplicasEnvVar: " ON "}, nil,
+			func(t *testing.T, c accel.Configuration) {
+				assert.True(t, c.Debug)
+				assert.True(t, c.ReplicaCheck)
+			}},
+		{"switches in the usual spellings: TRUE, off", map[string]string{backends.CallChecksEnvVar: "TRUE", accel.CheckReplicasEnvVar: "Off"}, nil,
+			func(t *testing.T, c accel.Configuration) {
+				assert.True(t, c.Debug)
+				assert.False(t, c.ReplicaCheck)
+			}},
 		{"compute variables", map[string]string{"GOMLX_BACKEND": "go", compute.GradientsEnvVar: "gomlx",
 			compute.MatmulEnvVar: "go", compute.ThreadsEnvVar: " 3 ", "CUDA_VISIBLE_DEVICES": "0,1"}, nil,
 			func(t *testing.T, c accel.Configuration) {
@@ -93,6 +103,8 @@ func TestUnreadableEnvironmentIsAnError(t *testing.T) {
 		{backends.TimeoutEnvVar, "0", `"0" is not a positive duration`},
 		{compute.ThreadsEnvVar, "none", "want a positive number of threads"},
 		{compute.ThreadsEnvVar, "0", "want a positive number of threads"},
+		{backends.CallChecksEnvVar, "enabled", `want 1, true, yes or on (or 0, false, no, off), got "enabled"`},
+		{accel.CheckReplicasEnvVar, "2", `want 1, true, yes or on (or 0, false, no, off), got "2"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

@@ -41,7 +41,7 @@ type config struct {
 	visibleDevices string
 }
 
-// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1 or true (read with
+// CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1, true, yes or on (read with
 // the other variables by OptionsFromEnv).
 const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
 

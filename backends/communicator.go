@@ -123,8 +123,8 @@ const DefaultTimeout = 10 * time.Minute
 // accel.OptionsFromEnv); a Communicator takes only options.
 const TimeoutEnvVar = "GOACCEL_COLLECTIVE_TIMEOUT"
 
-// CallChecksEnvVar turns on the verification of every collective (see SetCallChecks) when set to 1 or
-// true: the debug mode. The Accelerator's configuration reads it (see accel.OptionsFromEnv).
+// CallChecksEnvVar turns on the verification of every collective (see SetCallChecks) when set to 1, true,
+// yes or on (0, false, no or off leave it off; anything else is an error): the debug mode. The Accelerator's configuration reads it (see accel.OptionsFromEnv).
 const CallChecksEnvVar = "GOACCEL_DEBUG"
 
 // Communicator runs collectives on an engine and counts them. It is safe for concurrent use; collectives
