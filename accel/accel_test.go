@@ -51,6 +51,7 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 		{"cap<0", accel.WithBucketCapMB(-1), "bucket cap"},
 		{"cap=NaN", accel.WithBucketCapMB(math.NaN()), "bucket cap"},
 		{"timeout<0", accel.WithCollectiveTimeout(-time.Second), "timeout"},
+		{"checkpoint limit<0", accel.WithCheckpointLimit(-1), "checkpoint limit must be a number of checkpoints to keep"},
 		{"unknown backend", accel.WithBackend("nosuchbackend"), "nosuchbackend"},
 		{"unknown engine", accel.WithEngine("carrier-pigeon"), "carrier-pigeon"},
 	} {
@@ -141,6 +142,49 @@ func boolInt(b bool) int {
 
 // TestShortFinalCycleIsAveraged: when the data loader ends after m < K micro-batches, the step uses the
 // mean of those m, the same as one process on their concatenation.
+// TestClosedAcceleratorRefusesWork: once the accelerator is closed, its prepared model and optimizer
+// return an error naming the call, not results computed on a job that has ended.
+func TestClosedAcceleratorRefusesWork(t *testing.T) {
+	inputs, labels := testmodel.Data(8, 5)
+	acc := newSingle(t, accel.WithGradientAccumulationSteps(2))
+	res, err := testmodel.Run{Kind: testmodel.SGD, Inputs: inputs, Labels: labels, BatchSize: 4}.Train(acc)
+	require.NoError(t, err)
+	_, err = res.Model.Predict(inputs)
+	require.NoError(t, err, "Predict works while the accelerator is open")
+	require.NoError(t, acc.Close())
+
+	_, err = res.Model.Predict(inputs)
+	assert.ErrorIs(t, err, backends.ErrClosed)
+	assert.ErrorContains(t, err, "Predict after the accelerator was closed")
+	_, err = res.Optimizer.Step()
+	assert.ErrorIs(t, err, backends.ErrClosed)
+	assert.ErrorContains(t, err, "optimizer step after the accelerator was closed")
+	_, err = res.Model.Backward(prepare.Batch{Inputs: []*tensors.Tensor{inputs}, Labels: []*tensors.Tensor{labels}}, 1)
+	assert.ErrorIs(t, err, backends.ErrClosed)
+	assert.ErrorContains(t, err, "Backward after the accelerator was closed")
+}
+
+// TestNegativeEpochIsRefused: SetEpoch(-1) makes the next iteration fail with the value, and a valid epoch
+// set afterwards iterates again.
+func TestNegativeEpochIsRefused(t *testing.T) {
+	acc := newSingle(t)
+	loader := loaderFor(t, acc, 8, 4)
+	loader.SetEpoch(-1)
+	var errs []error
+	for _, err := range loader.All() {
+		errs = append(errs, err)
+	}
+	require.Len(t, errs, 1)
+	assert.ErrorContains(t, errs[0], "SetEpoch(-1): epochs count from 0")
+	loader.SetEpoch(0)
+	batches := 0
+	for _, err := range loader.All() {
+		require.NoError(t, err)
+		batches++
+	}
+	assert.Equal(t, 2, batches)
+}
+
 func TestShortFinalCycleIsAveraged(t *testing.T) {
 	const b, k = 2, 4
 	inputs, labels := testmodel.Data(3*b, 5) // 3 micro-batches, K=4: one short cycle

@@ -64,6 +64,10 @@ func (c config) validate() error {
 	if c.timeout < 0 {
 		return fmt.Errorf("accel: collective timeout must not be negative, got %s", c.timeout)
 	}
+	if c.checkpointLimit < 0 {
+		return fmt.Errorf("accel: checkpoint limit must be a number of checkpoints to keep (0 keeps all), got %d",
+			c.checkpointLimit)
+	}
 	if c.computeThreads < 0 {
 		return fmt.Errorf("accel: compute threads must not be negative, got %d", c.computeThreads)
 	}

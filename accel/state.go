@@ -69,7 +69,8 @@ func (l savedLoader) state() prepare.LoaderState {
 	return prepare.LoaderState{Epoch: l.Epoch, Position: l.Position}
 }
 
-// WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default: keep all).
+// WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default, and 0: keep
+// all). A negative n is refused by New.
 func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLimit = n } }
 
 // SaveState writes a checkpoint of everything needed to resume exactly: model variables and optimizer

@@ -534,6 +534,14 @@ func (c *Communicator) Abort(code int) {
 	c.engine.Abort(code)
 }
 
+// Closed reports whether Close was called: objects that share the Communicator (a prepared model and
+// optimizer) refuse to run after it, rather than computing on a job that has ended.
+func (c *Communicator) Closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
 // Close releases the engine. Closing is collective for engines with a side channel (MPI, whose
 // MPI_Finalize waits for every rank): this rank announces that it closes and waits until every other rank
 // announced it closes too. A rank still waiting in a collective learns of the announcement and fails with a

@@ -95,7 +95,8 @@ type DataLoader struct {
 	cfg    loaderConfig
 
 	epoch         int
-	epochExplicit bool // SetEpoch was called since the last iteration began
+	epochExplicit bool  // SetEpoch was called since the last iteration began
+	epochErr      error // a SetEpoch the next iteration refuses (a negative epoch)
 	iterated      bool
 	// position is the number of batches of the current epoch already yielded; skip is the number to skip
 	// at the start of the next iteration (set when resuming from a checkpoint).
@@ -169,6 +170,12 @@ func newLoader(rt *Runtime, opts []LoaderOption) (*DataLoader, error) {
 // advances the epoch by one, so forgetting it does not repeat the same order. Setting the epoch a Restore
 // selected keeps the restored position; any other epoch starts at its first batch.
 func (l *DataLoader) SetEpoch(epoch int) {
+	l.epochErr = nil
+	if epoch < 0 {
+		// SetEpoch returns nothing (as DistributedSampler.set_epoch): the next iteration reports it.
+		l.epochErr = fmt.Errorf("prepare: SetEpoch(%d): epochs count from 0", epoch)
+		return
+	}
 	if epoch != l.epoch {
 		l.skip = 0
 	}
@@ -274,6 +281,10 @@ func (l *DataLoader) All() iter.Seq2[Batch, error] {
 	return func(yield func(Batch, error) bool) {
 		if l.iterating {
 			yield(Batch{}, errors.New("prepare: data loader iterated while already iterating"))
+			return
+		}
+		if l.epochErr != nil {
+			yield(Batch{}, l.epochErr)
 			return
 		}
 		l.beginEpoch()

@@ -391,6 +391,9 @@ func (m *Model) BackwardOutputs(batch Batch, scale float64) (BackwardResult, err
 
 func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res BackwardResult, err error) {
 	defer recovered("prepare: backward", &err)
+	if err := m.rt.checkOpen("Backward"); err != nil {
+		return res, err
+	}
 	if !m.materialized {
 		if err := m.Materialize(batch); err != nil {
 			return res, err
@@ -466,6 +469,9 @@ func (m *Model) rewindSchedule() error {
 // Predict runs the model's forward graph (not in training mode) on inputs.
 func (m *Model) Predict(inputs ...*tensors.Tensor) (out []*tensors.Tensor, err error) {
 	defer recovered("prepare: predict", &err)
+	if err := m.rt.checkOpen("Predict"); err != nil {
+		return nil, err
+	}
 	if !m.materialized {
 		return nil, errors.New("prepare: Predict before the model was built: run Backward or Materialize first")
 	}

@@ -182,6 +182,9 @@ func clipByGlobalNorm(grads []*Node, maxNorm float64) []*Node {
 func (o *Optimizer) Step() (stepped bool, err error) {
 	defer recovered("prepare: optimizer step", &err)
 	m := o.model
+	if err := m.rt.checkOpen("optimizer step"); err != nil {
+		return false, err
+	}
 	if m.reducer == nil || !m.reducer.ReadyToApply() {
 		return false, nil
 	}

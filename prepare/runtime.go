@@ -44,6 +44,14 @@ func (rt *Runtime) sharding() accumulate.Sharding {
 	return rt.Sharding
 }
 
+// checkOpen refuses what to run once the runtime's communicator was closed (the Accelerator's Close).
+func (rt *Runtime) checkOpen(what string) error {
+	if rt.Comm.Closed() {
+		return fmt.Errorf("prepare: %s after the accelerator was closed: %w", what, backends.ErrClosed)
+	}
+	return nil
+}
+
 func (rt *Runtime) validate() error {
 	switch {
 	case rt == nil:
