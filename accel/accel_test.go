@@ -1,6 +1,7 @@
 package accel_test
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -375,5 +376,31 @@ func TestUnevenDatasetGatherForMetrics(t *testing.T) {
 			}
 			assert.Equal(t, want, got, "n=%d ranks=%d b=%d rank %d", tc.n, tc.ranks, tc.b, r)
 		}
+	}
+}
+
+// TestOutOfRangeLabelsAreRefused: a class label outside the model's outputs stops training with the value
+// and the example that holds it, instead of training silently with a loss of 0 for it.
+func TestOutOfRangeLabelsAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		at    int
+		label int32
+	}{
+		{"label 99 of 3 classes", 5, 99},
+		{"label -1", 2, -1},
+		{"label 3, one past the last class", 7, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inputs, labels := testmodel.Data(8, 5)
+			flat := tensors.MustCopyFlatData[int32](labels)
+			flat[tc.at] = tc.label
+			labels = tensors.FromFlatDataAndDimensions(flat, 8, 1)
+			acc := newSingle(t)
+			_, err := testmodel.Run{Kind: testmodel.SGD, Inputs: inputs, Labels: labels, BatchSize: 4}.Train(acc)
+			require.Error(t, err)
+			assert.ErrorContains(t, err, fmt.Sprintf("is %d, not a class of the model's 3 outputs [0, 3)", tc.label))
+			assert.ErrorContains(t, err, fmt.Sprintf("(source example %d)", tc.at))
+		})
 	}
 }

@@ -47,6 +47,9 @@ type Model struct {
 	// (first) dimension may differ later.
 	firstInputs, firstLabels []shapes.Shape
 	lossDType                dtypes.DType
+	// labelClasses is the model's number of classes when its labels are class indices (integer labels
+	// shaped as its first output without the class axis), else 0: Backward checks every label against it.
+	labelClasses int
 
 	params  []*context.Variable // trainable variables used by the model, registration order (= Plan.Params)
 	plan    accumulate.Plan
@@ -251,6 +254,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	if m.plan.Params == nil {
 		m.planFromGraph(ctx, g)
 		m.lossDType = loss.DType()
+		m.labelClasses = sparseClasses(labels, predictions)
 		m.scheduleVars = scheduleVariables(ctx, g)
 	} else {
 		for i, v := range m.scheduleVars {
@@ -337,6 +341,50 @@ func (m *Model) microStepArgs(batch Batch, scale float64, advance bool) []any {
 
 // checkBatch compares a batch with the shapes the model was built for: only the batch dimension may vary
 // (GoMLX compiles a new graph per shape, which is fine for a short last batch but not for new features).
+// sparseClasses recognises labels that are class indices of the first prediction: one integer label
+// tensor shaped as the prediction without its last (class) axis, or with that axis of size 1, against at
+// least two classes. It returns the number of classes, or 0.
+func sparseClasses(labels, predictions []*Node) int {
+	if len(labels) != 1 || len(predictions) == 0 || !labels[0].DType().IsInt() {
+		return 0
+	}
+	label, prediction := labels[0].Shape(), predictions[0].Shape()
+	if prediction.Rank() < 2 {
+		return 0
+	}
+	classes := prediction.Dimensions[prediction.Rank()-1]
+	outer := prediction.Dimensions[:prediction.Rank()-1]
+	switch {
+	case classes < 2:
+		return 0
+	case slices.Equal(label.Dimensions, outer):
+	case label.Rank() == prediction.Rank() && slices.Equal(label.Dimensions[:label.Rank()-1], outer) &&
+		label.Dimensions[label.Rank()-1] == 1:
+	default:
+		return 0
+	}
+	return classes
+}
+
+// checkLabels refuses a batch whose class-index labels fall outside the model's classes: a sparse
+// cross-entropy gives such a label a loss of 0 instead of an error, so the job would train on garbage
+// without a sign. Labels are a few integers per example, read where the batch already is.
+func (m *Model) checkLabels(batch Batch) error {
+	if m.labelClasses == 0 || len(batch.Labels) != 1 {
+		return nil
+	}
+	value, at, err := firstLabelOutside(batch.Labels[0], m.labelClasses)
+	if err != nil || at < 0 {
+		return err
+	}
+	where := fmt.Sprintf("example %d of the batch", at)
+	if at < len(batch.Indices) {
+		where += fmt.Sprintf(" (source example %d)", batch.Indices[at])
+	}
+	return fmt.Errorf("prepare: the label of %s is %d, not a class of the model's %d outputs [0, %d): a sparse "+
+		"cross-entropy would count it as a loss of 0", where, value, m.labelClasses, m.labelClasses)
+}
+
 func (m *Model) checkBatch(batch Batch) error {
 	examples := -1
 	if len(batch.Inputs) > 0 && batch.Inputs[0].Shape().Rank() > 0 {
@@ -400,6 +448,9 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 		}
 	}
 	if err := m.checkBatch(batch); err != nil {
+		return res, err
+	}
+	if err := m.checkLabels(batch); err != nil {
 		return res, err
 	}
 	steps, err := m.reducer.BeginMicroBatch()

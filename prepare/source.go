@@ -80,40 +80,53 @@ func checkClasses(labels []*tensors.Tensor, classes int) error {
 		return errors.New("prepare: tensor source: SparseLabels given, but there are no labels")
 	}
 	for i, t := range labels {
-		var bad, at int64 = 0, -1
-		err := t.ConstFlatData(func(flat any) {
-			switch f := flat.(type) {
-			case []int32:
-				bad, at = firstOutside(f, classes)
-			case []int64:
-				bad, at = firstOutside(f, classes)
-			case []uint8:
-				bad, at = firstOutside(f, classes)
-			case []int8:
-				bad, at = firstOutside(f, classes)
-			case []int16:
-				bad, at = firstOutside(f, classes)
-			case []uint16:
-				bad, at = firstOutside(f, classes)
-			case []uint32:
-				bad, at = firstOutside(f, classes)
-			default:
-				at = -2
-			}
-		})
+		bad, example, err := firstLabelOutside(t, classes)
 		if err != nil {
 			return fmt.Errorf("prepare: tensor source: labels #%d: %w", i, err)
 		}
-		if at == -2 {
-			return fmt.Errorf("prepare: tensor source: SparseLabels needs integer labels, labels #%d is %s", i, t.DType())
-		}
-		if at >= 0 {
-			perExample := max(t.Shape().Size()/t.Shape().Dimensions[0], 1)
+		if example >= 0 {
 			return fmt.Errorf("prepare: tensor source: labels #%d of example %d is %d, not a class in [0, %d)", i,
-				at/int64(perExample), bad, classes)
+				example, bad, classes)
 		}
 	}
 	return nil
+}
+
+// firstLabelOutside returns the first label of t outside [0, classes) and the example (index along t's
+// first axis) that holds it, or example −1 when every label is a class. t must hold integers.
+func firstLabelOutside(t *tensors.Tensor, classes int) (value int64, example int, err error) {
+	var at int64 = -1
+	notInteger := false
+	err = t.ConstFlatData(func(flat any) {
+		switch f := flat.(type) {
+		case []int32:
+			value, at = firstOutside(f, classes)
+		case []int64:
+			value, at = firstOutside(f, classes)
+		case []uint8:
+			value, at = firstOutside(f, classes)
+		case []int8:
+			value, at = firstOutside(f, classes)
+		case []int16:
+			value, at = firstOutside(f, classes)
+		case []uint16:
+			value, at = firstOutside(f, classes)
+		case []uint32:
+			value, at = firstOutside(f, classes)
+		default:
+			notInteger = true
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, -1, err
+	case notInteger:
+		return 0, -1, fmt.Errorf("class labels must be integers, got %s", t.DType())
+	case at < 0:
+		return 0, -1, nil
+	}
+	perExample := max(t.Shape().Size()/max(t.Shape().Dimensions[0], 1), 1)
+	return value, int(at) / perExample, nil
 }
 
 // firstOutside returns the first value outside [0, classes) and its flat index, or index -1.

@@ -170,7 +170,7 @@ func TestSparseLabelsAreChecked(t *testing.T) {
 		{"too large", tensors.FromValue([][]int32{{0}, {12}, {3}}), "labels #0 of example 1 is 12, not a class in [0, 10)"},
 		{"negative", tensors.FromValue([]int64{0, 1, -1}), "labels #0 of example 2 is -1, not a class in [0, 10)"},
 		{"uint8", tensors.FromValue([]uint8{10, 1, 2}), "labels #0 of example 0 is 10"},
-		{"float labels", tensors.FromValue([]float32{0, 1, 2}), "SparseLabels needs integer labels, labels #0 is Float32"},
+		{"float labels", tensors.FromValue([]float32{0, 1, 2}), "labels #0: class labels must be integers, got Float32"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := prepare.TensorSource([]*tensors.Tensor{inputs}, []*tensors.Tensor{tc.labels}, prepare.SparseLabels(10))
