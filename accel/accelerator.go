@@ -18,6 +18,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
 	_ "github.com/goaccel/goaccel/backends/mpi" // registers "mpi" when built with -tags mpi
+	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -39,6 +40,8 @@ type Accelerator struct {
 	settingsAgreed bool
 	// logRecords counts the records Log wrote (on the main process), which checkpoints keep.
 	logRecords int64
+	// checkpointLocks are the checkpoint directories this job holds (on the main process), by path.
+	checkpointLocks map[string]*checkpoint.Lock
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
@@ -71,6 +74,13 @@ func New(opts ...Option) (*Accelerator, error) {
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
 	a.comm.SetDescriber(a.describe)
+	if cfg.checkpointDir != "" {
+		if err := a.holdCheckpointDir(cfg.checkpointDir); err != nil {
+			a.releaseCheckpointDirs()
+			_ = a.comm.Close()
+			return nil, err
+		}
+	}
 	return a, nil
 }
 
@@ -150,7 +160,7 @@ func (a *Accelerator) Close() error {
 		return nil
 	}
 	a.closed = true
-	trackersErr := a.closeTrackers()
+	trackersErr := errors.Join(a.closeTrackers(), a.releaseCheckpointDirs())
 	if a.ownComm {
 		return errors.Join(a.comm.Close(), trackersErr)
 	}

@@ -28,6 +28,7 @@ type config struct {
 	debug             bool
 	timeout           time.Duration
 	checkpointLimit   int
+	checkpointDir     string
 	out               io.Writer
 	trackers          []Tracker
 

@@ -69,6 +69,55 @@ func (l savedLoader) state() prepare.LoaderState {
 	return prepare.LoaderState{Epoch: l.Epoch, Position: l.Position}
 }
 
+// WithCheckpointDir names the directory the job will SaveState into, so that New checks it when the job
+// starts rather than when it first saves: the main process creates it, checks that it can write there, and
+// takes it for the job's life (see checkpoint.Acquire), so a second job given the same directory is refused
+// at once, naming the job that holds it. Every rank's New returns the main process's error. SaveState into
+// another directory takes that one at its first save.
+func WithCheckpointDir(dir string) Option { return func(c *config) { c.checkpointDir = dir } }
+
+// holdCheckpointDir takes dir for this job on the main process (once per directory) and tells every rank
+// the outcome, so all ranks fail alike. Collective.
+func (a *Accelerator) holdCheckpointDir(dir string) error {
+	var lockErr error
+	if a.IsMainProcess() {
+		if _, held := a.checkpointLocks[dir]; !held {
+			lock, err := checkpoint.Acquire(dir)
+			if err == nil {
+				if a.checkpointLocks == nil {
+					a.checkpointLocks = map[string]*checkpoint.Lock{}
+				}
+				a.checkpointLocks[dir] = lock
+			}
+			lockErr = err
+		}
+	}
+	if a.WorldSize() == 1 {
+		return lockErr
+	}
+	status, err := broadcastBytes(a.comm, []byte(errorText(lockErr)))
+	if err != nil {
+		return fmt.Errorf("accel: checkpoint directory: %w", err)
+	}
+	if msg, _ := splitStatus(status); msg != "" {
+		if lockErr != nil {
+			return lockErr
+		}
+		return fmt.Errorf("accel: checkpoint directory (main process): %s", msg)
+	}
+	return nil
+}
+
+// releaseCheckpointDirs gives back every directory this job holds.
+func (a *Accelerator) releaseCheckpointDirs() error {
+	var errs []error
+	for dir, lock := range a.checkpointLocks {
+		errs = append(errs, lock.Release())
+		delete(a.checkpointLocks, dir)
+	}
+	return errors.Join(errs...)
+}
+
 // WithCheckpointLimit keeps only the newest n checkpoints in a SaveState directory (default, and 0: keep
 // all). A negative n is refused by New.
 func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLimit = n } }
@@ -96,6 +145,10 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 		if accumulators[i], err = a.gatherAccumulators(m, reducers[i]); err != nil {
 			return "", fmt.Errorf("accel: saving state: %w", err)
 		}
+	}
+	// No other job may write here while this one does (it would delete this job's temporary checkpoint).
+	if err := a.holdCheckpointDir(dir); err != nil {
+		return "", err
 	}
 	var path string
 	var saveErr error

@@ -135,11 +135,33 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		// The CNN learns more per epoch but needs a few more at the demo's global batch of 256 to pass 0.90.
 		cfg.epochs = map[string]int{"mlp": 3, "cnn": 5}[cfg.model]
 	}
+	if cfg.plot != "" {
+		if err := checkOutputFile(cfg.plot); err != nil {
+			return cfg, usageErrorf(stderr, "-plot %v", err)
+		}
+	}
+	if cfg.log != "" {
+		if err := checkOutputFile(cfg.log); err != nil {
+			return cfg, usageErrorf(stderr, "-log %v", err)
+		}
+	}
 	if cfg.log == "" && cfg.plot != "" {
 		// The plot is drawn from the log.
 		cfg.log = strings.TrimSuffix(cfg.plot, filepath.Ext(cfg.plot)) + ".jsonl"
 	}
 	return cfg, nil
+}
+
+// checkOutputFile refuses, before any training, a path that cannot become a file: a directory, or one
+// whose parent directory does not exist.
+func checkOutputFile(path string) error {
+	if info, err := os.Stat(path); err == nil && info.IsDir() {
+		return fmt.Errorf("%s is a directory: name a file", path)
+	}
+	if info, err := os.Stat(filepath.Dir(path)); err != nil || !info.IsDir() {
+		return fmt.Errorf("%s: directory %s does not exist", path, filepath.Dir(path))
+	}
+	return nil
 }
 
 func usageErrorf(stderr io.Writer, format string, args ...any) error {
@@ -158,6 +180,10 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 			tracker = accel.NewCSVTracker(cfg.log)
 		}
 		opts = append(opts, accel.WithTrackers(tracker))
+	}
+	if cfg.checkpoints != "" {
+		// Checked, and held for this job, when it starts rather than after the first epoch.
+		opts = append(opts, accel.WithCheckpointDir(cfg.checkpoints))
 	}
 	acc, err := accel.New(opts...)
 	if err != nil {

@@ -197,6 +197,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-k", "four"}, "-k"},
 		{[]string{"-no-such-flag"}, "no-such-flag"},
 		{[]string{"extra"}, "extra"},
+		{[]string{"-plot", os.TempDir()}, "-plot " + os.TempDir() + " is a directory: name a file"},
+		{[]string{"-plot", "/no/such/dir/loss.png"}, "directory /no/such/dir does not exist"},
+		{[]string{"-log", os.TempDir()}, "-log " + os.TempDir() + " is a directory"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runMain(t, tc.args...)
@@ -310,4 +313,15 @@ func TestResumeFromCheckpoint(t *testing.T) {
 	code, _, stderr := runMain(t, append(slices.Clone(common), "-resume")...)
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "-resume needs -checkpoints")
+}
+
+// TestUnusableCheckpointDirStopsBeforeTraining: -checkpoints naming a file fails when the job starts,
+// with the path, before any epoch.
+func TestUnusableCheckpointDirStopsBeforeTraining(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	code, stdout, stderr := runMain(t, "-limit", "256", "-epochs", "1", "-checkpoints", file)
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, file+" cannot hold checkpoints")
+	assert.NotContains(t, stdout, "epoch 1/1", "nothing trained")
 }
