@@ -19,6 +19,7 @@ import (
 	"github.com/goaccel/goaccel/backends/compute"
 	_ "github.com/goaccel/goaccel/backends/mpi" // registers "mpi" when built with -tags mpi
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -46,7 +47,9 @@ type Accelerator struct {
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
 // engine (single process, or MPI under mpirun/srun) and the GoMLX compute backend (pure Go unless XLA is
-// asked for or installed).
+// asked for or installed). Under a launcher every process calls it: the processes compare their debug mode
+// (and, with WithCheckpointDir, learn whether the main process could take the checkpoint directory) before
+// New returns, so all fail alike.
 func New(opts ...Option) (*Accelerator, error) {
 	cfg, err := resolve(os.LookupEnv, opts)
 	if err != nil {
@@ -68,6 +71,18 @@ func New(opts ...Option) (*Accelerator, error) {
 		a.closeComm(err)
 		return nil, err
 	}
+	// Debug mode adds a collective before every collective: ranks that disagree on it would misread each
+	// other's messages from the first one on. They compare it first, before any check is on. Only for the
+	// job's own communicator (processes start together); with WithCommunicator the caller may create the
+	// ranks' accelerators one after the other, and chooses the call checks itself.
+	if a.ownComm && a.topo.WorldSize > 1 {
+		debug := []replicas.Setting{{Name: "debug mode (GOACCEL_DEBUG or accel.WithDebug)", Value: fmt.Sprint(cfg.debug)}}
+		if err := replicas.CheckSameSettings(a.comm, debug); err != nil {
+			err = fmt.Errorf("accel: %w", err)
+			a.closeAfterNew(err)
+			return nil, err
+		}
+	}
 	if cfg.debug {
 		a.comm.SetCallChecks(true)
 	}
@@ -77,7 +92,7 @@ func New(opts ...Option) (*Accelerator, error) {
 	if cfg.checkpointDir != "" {
 		if err := a.holdCheckpointDir(cfg.checkpointDir); err != nil {
 			a.releaseCheckpointDirs()
-			_ = a.comm.Close()
+			a.closeAfterNew(err)
 			return nil, err
 		}
 	}
@@ -137,6 +152,17 @@ func (a *Accelerator) describe() string {
 // others that this rank failed (they stop waiting for it, naming it): closing would end the job from inside
 // New, before the caller could print the error. The job ends when this process exits, or when the others
 // close on the failure.
+// closeAfterNew ends the communicator of a New that fails after a collective: together with the other
+// ranks when they all reached the same error (a clean close), else as closeComm does for a rank that
+// fails alone (a peer that left broke the collective).
+func (a *Accelerator) closeAfterNew(cause error) {
+	if a.ownComm && a.comm.Broken() == nil {
+		_ = a.comm.Close()
+		return
+	}
+	a.closeComm(cause)
+}
+
 func (a *Accelerator) closeComm(cause error) {
 	if !a.ownComm {
 		return

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/testmodel"
@@ -89,3 +90,65 @@ func TestMPIUnusableCheckpointDirFailsEveryRank(t *testing.T) {
 
 // checkpointDirEnv passes the directory to the ranks of TestMPIUnusableCheckpointDirFailsEveryRank.
 const checkpointDirEnv = "GOACCEL_TEST_CHECKPOINT_DIR"
+
+// TestMPIDebugModeOnOneRankIsRefused: debug mode on one rank only is refused by every rank's New with the
+// ranks named, before any collective runs call-checked on one side only (which garbled the messages).
+func TestMPIDebugModeOnOneRankIsRefused(t *testing.T) {
+	if mpitest.IsRank() {
+		mpitest.Do(t, func() (any, error) {
+			topo, err := backends.DetectTopology()
+			if err != nil {
+				return nil, err
+			}
+			opts := []accel.Option{accel.WithBackend("go")}
+			if topo.Rank == 1 {
+				opts = append(opts, accel.WithDebug())
+			}
+			acc, err := accel.New(opts...)
+			if err == nil {
+				_ = acc.Close()
+				return nil, errors.New("New accepted debug mode on one rank only")
+			}
+			return err.Error(), nil
+		})
+		return
+	}
+	for _, r := range mpitest.Run(t, 2, t.Name()) {
+		var msg string
+		require.NoError(t, r.Decode(&msg))
+		assert.Contains(t, msg, "the ranks disagree on debug mode (GOACCEL_DEBUG or accel.WithDebug): rank 0 has false; rank 1 has true",
+			"rank %d", r.Rank)
+	}
+}
+
+// TestMPIResumeOnOneRankIsNamed: a rank that loads a checkpoint while the other starts training (-resume
+// given to one rank only) fails, on every rank, with what each rank is doing, instead of a later check
+// misreading the other rank's messages ("bucket plans differ").
+func TestMPIResumeOnOneRankIsNamed(t *testing.T) {
+	if mpitest.IsRank() {
+		mpitest.Do(t, func() (any, error) {
+			acc, err := accel.New(accel.WithBackend("go"), accel.WithGradientAccumulationSteps(2))
+			if err != nil {
+				return nil, err
+			}
+			r := prepareResumable(t, acc, 16, 2, 1)
+			if acc.Rank() == 0 {
+				err = acc.LoadState(os.Getenv(checkpointDirEnv))
+			} else {
+				_, err = r.train(acc, 1, 0)
+			}
+			if err == nil {
+				return nil, errors.New("a rank went on alone")
+			}
+			_ = acc.Close()
+			return err.Error(), nil
+		})
+		return
+	}
+	for _, r := range mpitest.Run(t, 2, t.Name(), mpitest.WithEnv(checkpointDirEnv+"="+t.TempDir())) {
+		var msg string
+		require.NoError(t, r.Decode(&msg))
+		assert.Contains(t, msg, "the ranks disagree on what each rank is doing: rank 0 has loading a checkpoint "+
+			"(LoadState); rank 1 has training (the first Backward)", "rank %d", r.Rank)
+	}
+}

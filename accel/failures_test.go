@@ -66,6 +66,8 @@ func TestNonFinitePolicyIsAgreedByAllRanks(t *testing.T) {
 					var nf *prepare.NonFiniteError
 					require.ErrorAs(t, err, &nf, "rank %d", rank)
 					assert.EqualValues(t, 2, nf.Step)
+					assert.Equal(t, []int{1}, nf.Ranks, "rank %d must learn which rank had the NaN", rank)
+					assert.ErrorContains(t, err, "rank 1's loss was NaN or Inf")
 				} else {
 					require.NoError(t, err)
 					assert.EqualValues(t, 1, opt.SkippedSteps())

@@ -40,6 +40,9 @@ func (a *Accelerator) LoadState(dir string) error {
 	if err := a.checkOpen(); err != nil {
 		return err
 	}
+	if err := a.agreeOnLoading(); err != nil {
+		return err
+	}
 	if err := a.materializeForLoad(); err != nil {
 		return err
 	}

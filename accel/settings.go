@@ -9,9 +9,11 @@ import (
 // settings are what every rank must share for the ranks to train one model together. A rank with another
 // K would all-reduce at other times (a hang, or silent garbage), another seed would shuffle differently
 // (overlapping shards), another batch size or loader length would run out of batches at another step,
-// another optimizer configuration would apply the same gradient differently (diverged replicas).
+// another optimizer configuration would apply the same gradient differently (diverged replicas), and another
+// number of examples would shard another dataset (silently, when the number of batches happens to agree).
 func (a *Accelerator) settings() []replicas.Setting {
 	s := []replicas.Setting{
+		activity("training (the first Backward)"),
 		{Name: "gradient accumulation steps (K)", Value: fmt.Sprint(a.state.Steps())},
 		{Name: "sync each batch", Value: fmt.Sprint(a.state.SyncEachBatch())},
 		{Name: "split batches", Value: fmt.Sprint(a.cfg.splitBatches)},
@@ -27,6 +29,7 @@ func (a *Accelerator) settings() []replicas.Setting {
 		s = append(s,
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batch size per process", i), Value: fmt.Sprint(l.BatchSize())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())},
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's number of examples", i), Value: fmt.Sprint(l.SourceLen())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())})
 	}
 	for i, o := range a.optimizers {
@@ -46,5 +49,23 @@ func (a *Accelerator) agreeOnSettings() error {
 		return fmt.Errorf("accel: %w", err)
 	}
 	a.settingsAgreed = true
+	return nil
+}
+
+// activity is the first line of every comparison of settings: what the rank is doing. A rank that loads a
+// checkpoint while another starts training (-resume given to one rank only) then fails on that line, on
+// every rank, instead of a later collective reading the other's unrelated message.
+func activity(what string) replicas.Setting {
+	return replicas.Setting{Name: "what each rank is doing", Value: what}
+}
+
+// agreeOnLoading is LoadState's first collective: every rank must be loading (see activity).
+func (a *Accelerator) agreeOnLoading() error {
+	if a.WorldSize() == 1 {
+		return nil
+	}
+	if err := replicas.CheckSameSettings(a.comm, []replicas.Setting{activity("loading a checkpoint (LoadState)")}); err != nil {
+		return fmt.Errorf("accel: %w", err)
+	}
 	return nil
 }

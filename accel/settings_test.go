@@ -27,6 +27,8 @@ type settingsRun struct {
 	batch int
 	lr    float64
 	split bool
+	// fewer examples in the rank's dataset than the others' (as many batches per rank all the same)
+	fewer int
 }
 
 // settingsCases give the last rank (or, for the seed, every rank) a setting of its own. want is what the
@@ -62,6 +64,15 @@ var settingsCases = map[string]struct {
 		},
 		func(size int) string {
 			return "disagree on split batches: " + others(size) + " false; " + fmt.Sprintf("rank %d has true", size-1)
+		},
+	},
+	"number of examples": {
+		func(rank, size int) settingsRun {
+			return settingsRun{k: 2, seed: 1, batch: 2, lr: 0.01, fewer: boolInt(rank == size-1)}
+		},
+		func(size int) string {
+			return "disagree on data loader 0's number of examples: " + others(size) + fmt.Sprintf(" %d; ", 8*size) +
+				fmt.Sprintf("rank %d has %d", size-1, 8*size-1)
 		},
 	},
 	"learning rate": {
@@ -117,7 +128,7 @@ func TestMPISettingsMismatch(t *testing.T) {
 				if err != nil {
 					return nil, err
 				}
-				x, y := testmodel.Data(acc.WorldSize()*8, 1)
+				x, y := testmodel.Data(acc.WorldSize()*8-s.fewer, 1)
 				src, err := prepare.TensorSource([]*tensors.Tensor{x}, []*tensors.Tensor{y})
 				if err != nil {
 					return nil, err

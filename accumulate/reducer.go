@@ -38,8 +38,9 @@ type Reducer struct {
 	scale  float64
 	// dirty is set when the accumulators may hold non-zero values.
 	dirty bool
-	// nonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank.
-	nonFinite bool
+	// nonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank;
+	// poisoned, when this rank's last sync carried such a loss (until the gradients are applied or cleared).
+	nonFinite, poisoned bool
 }
 
 // ReducerOption configures a Reducer.
@@ -141,7 +142,7 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 
 // Applied records that the optimizer applied the synced gradients (and zeroed the accumulators in its
 // update graph).
-func (r *Reducer) Applied() { r.synced, r.dirty = false, false }
+func (r *Reducer) Applied() { r.synced, r.dirty, r.poisoned = false, false, false }
 
 // ZeroGrad clears the accumulators, except on micro-batches that do not sync, where it does nothing (as the
 // optimizer's Step), so that the same loop body works with and without accumulation.
@@ -165,9 +166,33 @@ func (r *Reducer) Clear() error {
 			}
 		}
 	}
-	r.dirty, r.synced, r.nonFinite = false, false, false
+	r.dirty, r.synced, r.nonFinite, r.poisoned = false, false, false, false
 	r.state.ResetMicroBatches()
 	return nil
+}
+
+// NonFiniteRanks names the ranks whose loss was NaN or Inf in a micro-batch of the last sync, for the
+// error of a refused step: synced gradients show that some rank was not finite, not which. Collective:
+// every rank calls it, at the same point (after Finite reported false, which every rank sees alike), and
+// gets the same list (empty when every loss was finite and the gradients themselves overflowed).
+func (r *Reducer) NonFiniteRanks() ([]int, error) {
+	mine := []int64{0}
+	if r.poisoned {
+		mine[0] = 1
+	}
+	all := make([]int64, r.comm.Size())
+	if r.comm.Size() == 1 {
+		all[0] = mine[0]
+	} else if err := r.comm.AllGather(mine, all); err != nil {
+		return nil, fmt.Errorf("accumulate: finding the ranks with a non-finite loss: %w", err)
+	}
+	var ranks []int
+	for rank, flag := range all {
+		if flag != 0 {
+			ranks = append(ranks, rank)
+		}
+	}
+	return ranks, nil
 }
 
 // Finite scans the accumulators on the host and reports whether every value is finite.
@@ -220,7 +245,7 @@ func (r *Reducer) reduce() error {
 		// A NaN loss on one rank must stop the step on every rank: poisoning the sum makes every rank see a
 		// non-finite synced gradient, the same decision everywhere without another collective.
 		poisonFirstElement(buckets[0])
-		r.nonFinite = false
+		r.nonFinite, r.poisoned = false, true
 	}
 	return r.Sync(buckets)
 }

@@ -130,7 +130,8 @@ const (
 var elementKindNames = [...]string{"float32", "float64", "int32", "int64", "uint8"}
 
 func (k ElementKind) String() string {
-	if int(k) < len(elementKindNames) {
+	// Safe on any value: a peer's call record may hold anything (a rank out of step, a corrupted message).
+	if k >= 0 && int(k) < len(elementKindNames) {
 		return elementKindNames[k]
 	}
 	return fmt.Sprintf("ElementKind(%d)", int(k))

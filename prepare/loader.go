@@ -209,6 +209,16 @@ func (l *DataLoader) restore(epoch, position int) error {
 	return nil
 }
 
+// SourceLen is the number of examples in the whole source, before sharding (for a stream, unknown: -1).
+// Ranks whose sources differ in length would shard different datasets, even when they yield the same
+// number of batches.
+func (l *DataLoader) SourceLen() int {
+	if l.stream != nil {
+		return -1
+	}
+	return l.source.Len()
+}
+
 // Len is the number of batches this rank yields per epoch (for a stream, unknown: -1).
 func (l *DataLoader) Len() int {
 	if l.stream != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // GoMLX graph code reads best with the dot import.
@@ -35,11 +36,22 @@ const (
 // NonFiniteError reports synced gradients that are not finite.
 type NonFiniteError struct {
 	Step int64 // the optimizer step (1-based) that was refused
+	// Ranks are the ranks whose loss was NaN or Inf in that step's micro-batches (empty: every loss was
+	// finite, and the gradients themselves overflowed).
+	Ranks []int
 }
 
 func (e *NonFiniteError) Error() string {
-	return fmt.Sprintf("prepare: optimizer step %d: synced gradients hold NaN or Inf (a rank's loss or gradients "+
-		"were not finite); weights left unchanged", e.Step)
+	cause := "every rank's loss was finite: the gradients themselves overflowed"
+	switch len(e.Ranks) {
+	case 0:
+	case 1:
+		cause = fmt.Sprintf("rank %d's loss was NaN or Inf", e.Ranks[0])
+	default:
+		cause = fmt.Sprintf("the losses of ranks %s were NaN or Inf", strings.Trim(fmt.Sprint(e.Ranks), "[]"))
+	}
+	return fmt.Sprintf("prepare: optimizer step %d: synced gradients hold NaN or Inf (%s); weights left unchanged",
+		e.Step, cause)
 }
 
 // OptimizerOption configures a prepared optimizer.
@@ -198,6 +210,12 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 		}
 		if !finite {
 			refused := o.steps + o.skippedSteps + 1
+			var ranks []int
+			if o.nonFinite == NonFiniteFail {
+				if ranks, err = m.reducer.NonFiniteRanks(); err != nil {
+					return false, err
+				}
+			}
 			if err := m.reducer.Clear(); err != nil {
 				return false, err
 			}
@@ -209,7 +227,7 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 				o.skippedSteps++
 				return false, nil
 			}
-			return false, &NonFiniteError{Step: refused}
+			return false, &NonFiniteError{Step: refused, Ranks: ranks}
 		}
 	}
 	for _, fn := range o.beforeStep {
