@@ -336,10 +336,11 @@ func Command(ctx context.Context, procs int, program string, args []string, opts
 // Run runs procs copies of program under mpirun, connected to this process's standard streams (or those of
 // WithStdio), and returns mpirun's exit code: 0 when every process succeeded, otherwise (for Open MPI and
 // MPICH) the code of the first process that failed, or 128+N when mpirun was ended by signal N. SIGINT,
-// SIGTERM and SIGHUP received meanwhile are passed on to mpirun, which ends the job; on Linux the job also
-// ends when the launcher is killed by SIGKILL, which it cannot pass on. The error is non-nil
-// only when the job could not be started; a *ProgramError carries the code a shell would return for the
-// program (127 not found, 126 not executable).
+// SIGTERM and SIGHUP received meanwhile are passed on to mpirun, which ends the job, and Run then returns
+// 128+N with an *InterruptedError; on Linux the job also ends when the launcher is killed by SIGKILL, which
+// it cannot pass on. Otherwise the error is non-nil only when the job could not be started; a
+// *ProgramError carries the code a shell would return for the program (127 not found, 126 not
+// executable).
 func Run(ctx context.Context, procs int, program string, args []string, opts ...Option) (exitCode int, err error) {
 	opts = append([]Option{WithStdio(os.Stdin, os.Stdout, os.Stderr)}, opts...)
 	cmd, err := Command(ctx, procs, program, args, opts...)
@@ -356,14 +357,37 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
+	var interrupted os.Signal
 	for {
 		select {
 		case sig := <-signals:
+			if interrupted == nil {
+				interrupted = sig
+			}
 			_ = cmd.Process.Signal(sig)
 		case err := <-waited:
+			if sig, ok := interrupted.(syscall.Signal); ok {
+				// Whatever mpirun made of it, the job ended because it was asked to: say so, with the code a
+				// shell gives a command ended by that signal.
+				return 128 + int(sig), &InterruptedError{Signal: sig}
+			}
 			return ExitCode(err), nil
 		}
 	}
+}
+
+// InterruptedError is Run's error when the launcher received SIGINT, SIGTERM or SIGHUP and passed it on to
+// the job, which then ended; Run's exit code is then 128 plus the signal's number (130 for SIGINT).
+type InterruptedError struct {
+	Signal syscall.Signal
+}
+
+func (e *InterruptedError) Error() string {
+	name := map[syscall.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}[e.Signal]
+	if name == "" {
+		name = e.Signal.String()
+	}
+	return fmt.Sprintf("launch: interrupted by %s: the job was stopped", name)
 }
 
 // ExitCode converts the error of exec.Cmd.Wait or Run into the exit code a shell would report: 0 for nil,

@@ -68,7 +68,10 @@ func TestMain(m *testing.M) {
 	if pidFile := os.Getenv(launcherEnv); pidFile != "" {
 		code, err := launch.Run(context.Background(), 1, "sh",
 			[]string{"-c", `echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 120`, pidFile})
-		if err != nil {
+		var interrupted *launch.InterruptedError
+		if errors.As(err, &interrupted) {
+			_, _ = fmt.Fprintln(os.Stderr, err)
+		} else if err != nil {
 			os.Exit(100)
 		}
 		os.Exit(code)
@@ -106,6 +109,41 @@ func TestKilledLauncherEndsTheJob(t *testing.T) {
 	waitFor(ctx, t, "the rank to end after its launcher was killed", func() (int, bool) {
 		return 0, ended(rank)
 	})
+}
+
+// TestInterruptedLauncherStopsTheJob: SIGINT or SIGTERM to the launcher ends the job and the launcher
+// exits with a shell's code for that signal (130, 143), saying it was interrupted.
+func TestInterruptedLauncherStopsTheJob(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	for _, tc := range []struct {
+		signal syscall.Signal
+		code   int
+		name   string
+	}{{syscall.SIGINT, 130, "SIGINT"}, {syscall.SIGTERM, 143, "SIGTERM"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			pidFile := filepath.Join(t.TempDir(), "rank.pid")
+			launcher := exec.Command(os.Args[0], "-test.run=^$")
+			launcher.Env = append(os.Environ(), launcherEnv+"="+pidFile)
+			var stderr strings.Builder
+			launcher.Stderr = &stderr
+			require.NoError(t, launcher.Start())
+			rank := waitFor(ctx, t, "the rank to start", func() (int, bool) {
+				data, err := os.ReadFile(pidFile)
+				if err != nil {
+					return 0, false
+				}
+				pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+				return pid, err == nil
+			})
+			require.NoError(t, launcher.Process.Signal(tc.signal))
+			err := launcher.Wait()
+			assert.Equal(t, tc.code, launch.ExitCode(err), "the launcher's exit code")
+			assert.Contains(t, stderr.String(), "launch: interrupted by "+tc.name+": the job was stopped")
+			waitFor(ctx, t, "the rank to end", func() (int, bool) { return 0, ended(rank) })
+		})
+	}
 }
 
 // ended reports whether process pid is gone or a zombie (ended, waiting for a parent that may never reap

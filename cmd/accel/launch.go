@@ -68,6 +68,10 @@ func (a *app) launch(args []string) int {
 		return 0
 	}
 	code, err := launch.Run(context.Background(), *procs, program, programArgs, opts...)
+	if ierr := (*launch.InterruptedError)(nil); errors.As(err, &ierr) {
+		fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+		return code // 130 for SIGINT, 143 for SIGTERM, as a shell reports
+	}
 	if err != nil {
 		fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
 		// A program that cannot run gets a shell's code (127, 126), not mpirun's, which read as signals.
