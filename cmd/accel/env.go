@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -196,8 +197,16 @@ func describeKernels(cfg compute.Config, topo backends.Topology) []entry {
 	if k.Threads > 0 {
 		threads = fmt.Sprintf("%d per process × %d process(es) on this node", k.Threads, max(1, topo.LocalSize))
 	}
-	return []entry{{"Gradients", k.Gradients}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
-		{"Operations", k.Ops + " (how the pure-Go backend schedules a graph's operations)"},
+	gradients := map[string]string{
+		"gemm":  "gemm (gradients of matrix products, convolutions and pooling built as matrix products, by goaccel)",
+		"gomlx": "gomlx (GoMLX's own gradient rules, slower on the pure-Go backend)",
+	}[k.Gradients]
+	ops := map[string]string{
+		"sequential": "sequential (one operation of a graph at a time: this rank has one thread)",
+		"parallel":   "parallel (independent operations of a graph run at the same time, on GoMLX's own scheduling)",
+	}[k.Ops]
+	return []entry{{"Gradients", cmp.Or(gradients, k.Gradients)}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
+		{"Operations", cmp.Or(ops, k.Ops)},
 		{"Convolutions", k.Convolutions}}
 }
 
