@@ -7,6 +7,7 @@ import (
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
@@ -268,4 +269,23 @@ func ExampleWithSplitBatches() {
 	fmt.Println("processes:", acc.WorldSize(), "per process:", loader.BatchSize(), "batches:", loader.Len())
 	// Output:
 	// processes: 1 per process: 4 batches: 2
+}
+
+// DataLoss reports the loss function's value without the regularizers the model adds with train.AddLoss
+// (here L2 of 0.5 on the linear model's weights, both 1 after one step), which Backward's loss includes.
+func ExampleDataLoss() {
+	acc, _ := accel.New()
+	defer acc.Close()
+	model, _ := acc.PrepareModel(context.New(), func(ctx *context.Context, in []*Node) []*Node {
+		w := ctx.In("linear").VariableWithValue("w", [][]float64{{1}, {1}})
+		train.AddLoss(ctx, MulScalar(ReduceAllSum(Square(w.ValueGraph(in[0].Graph()))), 0.5)) // 0.5·Σw² = 1
+		return []*Node{MatMul(in[0], w.ValueGraph(in[0].Graph()))}
+	}, losses.MeanSquaredError)
+	batch := prepare.Batch{Inputs: []*tensors.Tensor{tensors.FromValue([][]float64{{1, 2}})},
+		Labels: []*tensors.Tensor{tensors.FromValue([][]float64{{5}})}} // prediction 3: squared error 4
+	var dataLoss float64
+	loss, err := acc.Backward(model, batch, accel.DataLoss(&dataLoss))
+	fmt.Println(loss, dataLoss, err)
+	// Output:
+	// 5 4 <nil>
 }

@@ -120,3 +120,20 @@ func ExampleAccelerator_GatherUneven() {
 	// Output:
 	// [7 8 9]
 }
+
+// MeanOverRanks logs the mean of every rank's values (on one process, its own values). Every rank calls
+// Log then, with the same metric names.
+func ExampleMeanOverRanks() {
+	dir, _ := os.MkdirTemp("", "goaccel-log")
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "log.jsonl")
+	acc, _ := accel.New(accel.WithTrackers(accel.NewJSONLinesTracker(path)))
+	if err := acc.Log(1, map[string]float64{"loss": 0.25}, accel.MeanOverRanks()); err != nil {
+		fmt.Println(err)
+	}
+	_ = acc.Close()
+	data, _ := os.ReadFile(path)
+	fmt.Print(string(data))
+	// Output:
+	// {"step":1,"loss":0.25}
+}

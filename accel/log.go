@@ -8,12 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/goaccel/goaccel/internal/replicas"
 )
 
 // Tracker records the metrics the main process logs with Accelerator.Log (Accelerate's trackers).
@@ -33,15 +36,38 @@ func WithTrackers(trackers ...Tracker) Option {
 	return func(c *config) { c.trackers = append(c.trackers, trackers...) }
 }
 
-// Log records metrics for step on the main process's trackers (WithTrackers); other processes do nothing.
-// A checkpoint remembers how many records were logged before it, and a run resumed from it drops the
-// later ones, so that the logs hold no duplicate rows after a resume.
-func (a *Accelerator) Log(step int64, metrics map[string]float64) error {
+// LogOption configures one Log call.
+type LogOption func(*logConfig)
+
+type logConfig struct{ meanOverRanks bool }
+
+// MeanOverRanks logs each metric's mean over the ranks instead of the main process's own value (a loss
+// over the whole global batch, not over the main process's shard). Log is then collective: every rank
+// calls it for the same step with the same metric names, or every rank gets an error naming the names
+// each rank gave.
+func MeanOverRanks() LogOption { return func(c *logConfig) { c.meanOverRanks = true } }
+
+// Log records metrics for step on the main process's trackers (WithTrackers); other processes do nothing
+// (with MeanOverRanks they contribute their values). A checkpoint remembers how many records were logged
+// before it, and a run resumed from it drops the later ones, so that the logs hold no duplicate rows after
+// a resume.
+func (a *Accelerator) Log(step int64, metrics map[string]float64, opts ...LogOption) error {
 	if err := a.checkOpen(); err != nil {
 		return err
 	}
 	if len(metrics) == 0 {
 		return fmt.Errorf("accel: log: no metrics for step %d", step)
+	}
+	var cfg logConfig
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if cfg.meanOverRanks && a.WorldSize() > 1 {
+		mean, err := a.meanOverRanks(step, metrics)
+		if err != nil {
+			return err
+		}
+		metrics = mean
 	}
 	if !a.IsMainProcess() {
 		return nil
@@ -363,4 +389,27 @@ func sortedNames(metrics map[string]float64) []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// meanOverRanks averages metrics over the ranks, after checking that every rank logs the same names for
+// the same step (the values travel in name order, so different names would mix up metrics).
+func (a *Accelerator) meanOverRanks(step int64, metrics map[string]float64) (map[string]float64, error) {
+	names := slices.Sorted(maps.Keys(metrics))
+	same := []replicas.Setting{{Name: "what Log(MeanOverRanks) records", Value: fmt.Sprintf("step %d: %s", step,
+		strings.Join(names, ", "))}}
+	if err := replicas.CheckSameSettings(a.comm, same); err != nil {
+		return nil, fmt.Errorf("accel: log: %w", err)
+	}
+	sums := make([]float64, len(names))
+	for i, name := range names {
+		sums[i] = metrics[name]
+	}
+	if err := a.comm.AllReduceSum(sums); err != nil {
+		return nil, fmt.Errorf("accel: log step %d: averaging over ranks: %w", step, err)
+	}
+	mean := make(map[string]float64, len(names))
+	for i, name := range names {
+		mean[name] = sums[i] / float64(a.WorldSize())
+	}
+	return mean, nil
 }

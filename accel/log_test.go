@@ -3,17 +3,24 @@ package accel_test
 import (
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // logRow is one parsed record of a tracker file.
@@ -160,4 +167,54 @@ func TestLogRejectsEmptyMetrics(t *testing.T) {
 	err := acc.Log(1, nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no metrics for step 1")
+}
+
+// TestLogMeanOverRanks: with MeanOverRanks the main process logs each metric's mean over the ranks; ranks
+// that log different names all get an error naming them, and nothing is written.
+func TestLogMeanOverRanks(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mean.jsonl")
+	runRanks(t, 2, []accel.Option{accel.WithTrackers(accel.NewJSONLinesTracker(path))}, func(rank int, acc *accel.Accelerator) error {
+		if err := acc.Log(1, map[string]float64{"loss": float64(rank + 1), "acc": 0.5 + float64(rank)/4}, accel.MeanOverRanks()); err != nil {
+			return err
+		}
+		if err := acc.Log(2, map[string]float64{"loss": float64(10 * (rank + 1))}); err != nil { // main's own value
+			return err
+		}
+		name := "loss"
+		if rank == 1 {
+			name = "val_loss"
+		}
+		err := acc.Log(3, map[string]float64{name: 1}, accel.MeanOverRanks())
+		if err == nil {
+			return errors.New("ranks logging different names were accepted")
+		}
+		if !strings.Contains(err.Error(), "the ranks disagree on what Log(MeanOverRanks) records: rank 0 has step 3: loss; rank 1 has step 3: val_loss") {
+			return err
+		}
+		return nil
+	})
+	assert.Equal(t, []logRow{
+		{1, map[string]float64{"loss": 1.5, "acc": 0.625}},
+		{2, map[string]float64{"loss": 10}},
+	}, readJSONLines(t, path))
+}
+
+// TestDataLossExcludesRegularizers: DataLoss gives the loss function's value alone, while Backward returns
+// it plus what the model added with train.AddLoss.
+func TestDataLossExcludesRegularizers(t *testing.T) {
+	acc := newSingle(t)
+	const penalty = 5.0
+	model, err := acc.PrepareModel(context.New(), func(ctx *context.Context, in []*graph.Node) []*graph.Node {
+		train.AddLoss(ctx, graph.Const(in[0].Graph(), float32(penalty)))
+		return testmodel.MLP(ctx, in)
+	}, testmodel.Loss)
+	require.NoError(t, err)
+	inputs, labels := testmodel.Data(8, 5)
+	var dataLoss float64
+	loss, err := acc.Backward(model, prepare.Batch{Inputs: []*tensors.Tensor{inputs}, Labels: []*tensors.Tensor{labels}},
+		accel.DataLoss(&dataLoss))
+	require.NoError(t, err)
+	assert.InDelta(t, penalty, loss-dataLoss, 1e-5, "loss %g, data loss %g", loss, dataLoss)
+	assert.Greater(t, dataLoss, 0.0)
 }

@@ -89,6 +89,14 @@ type BackwardOption func(*backwardConfig)
 type backwardConfig struct {
 	lossScale        float64
 	outputs, metrics *[]*tensors.Tensor
+	dataLoss         *float64
+}
+
+// DataLoss stores in *dst the loss function's value for the batch without the terms the model added with
+// train.AddLoss (regularizers such as L2), which the loss Backward returns includes: what to log to
+// compare runs with other regularization.
+func DataLoss(dst *float64) BackwardOption {
+	return func(c *backwardConfig) { c.dataLoss = dst }
 }
 
 // Outputs stores the model's outputs (predictions, computed in training mode) for the batch in *dst, from
@@ -125,10 +133,19 @@ func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts .
 		opt(&cfg)
 	}
 	scale := a.state.MicroBatchScale() * cfg.lossScale
-	if cfg.outputs == nil && cfg.metrics == nil {
+	if cfg.outputs == nil && cfg.metrics == nil && cfg.dataLoss == nil {
 		return model.Backward(batch, scale)
 	}
-	res, err := model.BackwardOutputs(batch, scale)
+	var res prepare.BackwardResult
+	var err error
+	if cfg.outputs == nil && cfg.metrics == nil {
+		res, err = model.BackwardLosses(batch, scale)
+	} else {
+		res, err = model.BackwardOutputs(batch, scale)
+	}
+	if cfg.dataLoss != nil {
+		*cfg.dataLoss = res.DataLoss
+	}
 	if cfg.outputs != nil {
 		*cfg.outputs = res.Outputs
 	}

@@ -119,7 +119,9 @@ func TrainMetrics(fn MetricsFn) ModelOption { return func(m *Model) { m.metricsF
 
 // BackwardResult is what BackwardOutputs returns for one micro-batch on this rank.
 type BackwardResult struct {
-	Loss float64
+	// Loss is what is optimised: the loss function's value plus the terms the model added with
+	// train.AddLoss (regularizers); DataLoss is the loss function's value alone.
+	Loss, DataLoss float64
 	// Outputs are the model function's outputs (predictions) for the batch, computed in training mode.
 	Outputs []*tensors.Tensor
 	// Metrics are the TrainMetrics function's values; nil without one.
@@ -240,6 +242,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	}
 	predictions := m.modelFn(ctx, inputs)
 	loss := m.lossFn(labels, predictions)
+	dataLoss := loss // before the regularizers the model added with train.AddLoss
 	if loss == nil {
 		panic("the loss function returned nil")
 	}
@@ -274,7 +277,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	for b, acc := range m.buckets {
 		acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
 	}
-	out := []*Node{ConvertDType(loss, dtypes.Float64)}
+	out := []*Node{ConvertDType(loss, dtypes.Float64), ConvertDType(dataLoss, dtypes.Float64)}
 	if withOutputs {
 		m.numOutputs = len(predictions)
 		out = append(out, predictions...)
@@ -431,6 +434,11 @@ func (m *Model) Backward(batch Batch, scale float64) (loss float64, err error) {
 	return res.Loss, err
 }
 
+// BackwardLosses is Backward that returns the data loss (without regularizers) next to the loss.
+func (m *Model) BackwardLosses(batch Batch, scale float64) (BackwardResult, error) {
+	return m.backward(batch, scale, false)
+}
+
 // BackwardOutputs is Backward that also returns the model's outputs for the batch and the TrainMetrics
 // values, from the same forward pass.
 func (m *Model) BackwardOutputs(batch Batch, scale float64) (BackwardResult, error) {
@@ -479,13 +487,14 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 		return res, fmt.Errorf("prepare: training step: %w", err)
 	}
 	if withOutputs {
-		res.Outputs = out[1 : 1+m.numOutputs]
-		if len(out) > 1+m.numOutputs {
-			res.Metrics = out[1+m.numOutputs:]
+		res.Outputs = out[2 : 2+m.numOutputs]
+		if len(out) > 2+m.numOutputs {
+			res.Metrics = out[2+m.numOutputs:]
 		}
 	}
 	m.microSteps++
 	res.Loss = tensors.ToScalar[float64](out[0])
+	res.DataLoss = tensors.ToScalar[float64](out[1])
 	return res, m.reducer.EndMicroBatch(scale, res.Loss)
 }
 
