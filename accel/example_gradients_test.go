@@ -13,6 +13,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/schedule"
 )
 
 // exampleLoop prepares the two-weight linear model of the conformance tests (w starts at 0) with SGD at
@@ -288,4 +289,27 @@ func ExampleDataLoss() {
 	fmt.Println(loss, dataLoss, err)
 	// Output:
 	// 5 4 <nil>
+}
+
+// A schedule sized by the job: Prepare counts the optimizer steps (8 examples in batches of 2, K = 2: 2
+// steps per epoch; 3 epochs) and gives the cosine schedule that total.
+func ExampleAccelerator_OptimizerStepsPerEpoch() {
+	acc, _ := accel.New(accel.WithGradientAccumulationSteps(2))
+	defer acc.Close()
+	src, _ := linSource(8, 0, 0)
+	p, err := acc.Prepare(accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError,
+		Optimizer: optimizers.StochasticGradientDescent().WithDecay(false).Done(), SizedSchedule: schedule.Cosine(0.1, 1),
+		Epochs: 3, Loaders: []accel.LoaderSpec{{Source: src, Options: []prepare.LoaderOption{prepare.BatchSize(2)}}}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	perEpoch, _ := acc.OptimizerStepsPerEpoch(p.Loaders[0])
+	fmt.Println("optimizer steps per epoch:", perEpoch)
+	fmt.Printf("first rate after warm-up: %.3f\n", schedule.Cosine(0.1, 1)(3*perEpoch)(1))
+	fmt.Printf("next step's rate: %.3f\n", p.Scheduler.LearningRate())
+	// Output:
+	// optimizer steps per epoch: 2
+	// first rate after warm-up: 0.100
+	// next step's rate: 0.000
 }

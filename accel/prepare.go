@@ -8,6 +8,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/schedule"
 )
 
 // Spec names everything a training loop prepares: one model, and optionally its optimizer, a learning-rate
@@ -25,6 +26,12 @@ type Spec struct {
 	OptimizerOptions []prepare.OptimizerOption
 	// Schedule, when not nil, drives the optimizer's learning rate (see PrepareScheduler).
 	Schedule prepare.Schedule
+	// SizedSchedule, instead of Schedule, is a schedule that needs the job's total number of optimizer
+	// steps (schedule.Cosine, schedule.Linear): Prepare computes it once the loaders are prepared, as
+	// Epochs × OptimizerStepsPerEpoch of the first loader, and prepares the schedule it returns.
+	SizedSchedule schedule.Sized
+	// Epochs is the number of epochs the job trains for, which sizes SizedSchedule.
+	Epochs int
 	// Loaders are prepared in order.
 	Loaders []LoaderSpec
 }
@@ -57,8 +64,14 @@ func (a *Accelerator) Prepare(spec Spec) (Prepared, error) {
 		return p, errors.New("accel: prepare: the spec has no model function")
 	case spec.Loss == nil:
 		return p, errors.New("accel: prepare: the spec has no loss function")
-	case spec.Schedule != nil && spec.Optimizer == nil:
+	case (spec.Schedule != nil || spec.SizedSchedule != nil) && spec.Optimizer == nil:
 		return p, errors.New("accel: prepare: a schedule needs an optimizer")
+	case spec.Schedule != nil && spec.SizedSchedule != nil:
+		return p, errors.New("accel: prepare: give Schedule or SizedSchedule, not both")
+	case spec.SizedSchedule != nil && spec.Epochs < 1:
+		return p, fmt.Errorf("accel: prepare: SizedSchedule needs the number of epochs (Spec.Epochs), got %d", spec.Epochs)
+	case spec.SizedSchedule != nil && len(spec.Loaders) == 0:
+		return p, errors.New("accel: prepare: SizedSchedule needs a loader to count the optimizer steps of an epoch")
 	}
 	for i, l := range spec.Loaders {
 		if l.Source == nil {
@@ -90,5 +103,27 @@ func (a *Accelerator) Prepare(spec Spec) (Prepared, error) {
 		}
 		p.Loaders = append(p.Loaders, loader)
 	}
+	if spec.SizedSchedule != nil {
+		perEpoch, err := a.OptimizerStepsPerEpoch(p.Loaders[0])
+		if err != nil {
+			return p, fmt.Errorf("accel: prepare: sizing the schedule: %w", err)
+		}
+		if p.Scheduler, err = a.PrepareScheduler(p.Optimizer, spec.SizedSchedule(int64(spec.Epochs)*perEpoch)); err != nil {
+			return p, err
+		}
+	}
 	return p, nil
+}
+
+// OptimizerStepsPerEpoch is the number of optimizer steps one epoch of loader makes on this job: its
+// batches per process (the dataset sharded across the processes, split or not) over the gradient
+// accumulation steps K, rounded up, since Accumulate steps on the loader's last batch even when the epoch
+// is not a multiple of K. Every process gets the same number. A stream's length is unknown: an error.
+func (a *Accelerator) OptimizerStepsPerEpoch(loader *prepare.DataLoader) (int64, error) {
+	batches := loader.Len()
+	if batches < 0 {
+		return 0, errors.New("accel: a streamed dataset has no known number of batches per epoch")
+	}
+	k := a.state.Steps()
+	return int64((batches + k - 1) / k), nil
 }

@@ -1,6 +1,7 @@
 package accel_test
 
 import (
+	"fmt"
 	"testing"
 
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive
@@ -13,6 +14,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/schedule"
 )
 
 func TestPrepareRejectsIncompleteSpecs(t *testing.T) {
@@ -30,6 +32,12 @@ func TestPrepareRejectsIncompleteSpecs(t *testing.T) {
 			Schedule: halvingRate}, "schedule needs an optimizer"},
 		{"loader without source", accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError, Optimizer: sgd,
 			Loaders: []accel.LoaderSpec{{Source: src}, {}}}, "loader 1 has no source"},
+		{"sized schedule without epochs", accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError, Optimizer: sgd,
+			SizedSchedule: schedule.Cosine(0.1, 2), Loaders: []accel.LoaderSpec{{Source: src}}}, "needs the number of epochs"},
+		{"sized schedule without loader", accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError, Optimizer: sgd,
+			SizedSchedule: schedule.Cosine(0.1, 2), Epochs: 2}, "needs a loader"},
+		{"both schedules", accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError, Optimizer: sgd,
+			Schedule: halvingRate, SizedSchedule: schedule.Cosine(0.1, 2), Epochs: 2}, "not both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			acc := newSingle(t)
@@ -126,5 +134,74 @@ func TestFromTrainModelFn(t *testing.T) {
 	require.NotEmpty(t, specs)
 	for _, s := range specs {
 		assert.Equal(t, "my spec", s)
+	}
+}
+
+// TestSizedScheduleFollowsTheJob: a schedule sized by the prepared job spans its real number of optimizer
+// steps — 16 examples, batches of 2 per process, K = 2, 3 epochs: 12 steps on 1 process, 6 on 2 (each
+// process has half the batches) — and gives every step the rate worked out by hand for that total
+// (cosine, peak 0.1, 2 warm-up steps).
+func TestSizedScheduleFollowsTheJob(t *testing.T) {
+	want := map[int][]float64{
+		1: {0, 0.05, 0.1, 0.0975528258, 0.0904508497, 0.0793892626, 0.0654508497, 0.05, 0.0345491503, 0.0206107374,
+			0.0095491503, 0.0024471742},
+		2: {0, 0.05, 0.1, 0.0853553391, 0.05, 0.0146446609},
+	}
+	for ranks, rates := range want {
+		t.Run(fmt.Sprintf("%d process(es)", ranks), func(t *testing.T) {
+			got := make([][]float64, ranks)
+			runRanks(t, ranks, []accel.Option{accel.WithGradientAccumulationSteps(2)}, func(rank int, acc *accel.Accelerator) error {
+				src, err := linSource(16, 0, 0)
+				if err != nil {
+					return err
+				}
+				p, err := acc.Prepare(accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError,
+					Optimizer:     optimizers.StochasticGradientDescent().WithDecay(false).Done(),
+					SizedSchedule: schedule.Cosine(0.1, 2), Epochs: 3,
+					Loaders: []accel.LoaderSpec{{Source: src, Options: []prepare.LoaderOption{prepare.BatchSize(2)}}}})
+				if err != nil {
+					return err
+				}
+				perEpoch, err := acc.OptimizerStepsPerEpoch(p.Loaders[0])
+				if err != nil {
+					return err
+				}
+				if perEpoch != int64(len(rates)/3) {
+					return fmt.Errorf("%d optimizer steps per epoch, want %d", perEpoch, len(rates)/3)
+				}
+				for epoch := range 3 {
+					p.Loaders[0].SetEpoch(epoch)
+					for batch, err := range p.Loaders[0].All() {
+						if err != nil {
+							return err
+						}
+						err = acc.Accumulate(func() error {
+							if _, err := acc.Backward(p.Model, batch); err != nil {
+								return err
+							}
+							next := p.Scheduler.LearningRate()
+							stepped, err := p.Optimizer.Step()
+							if stepped {
+								got[rank] = append(got[rank], next)
+							}
+							if err != nil {
+								return err
+							}
+							return p.Optimizer.ZeroGrad()
+						})
+						if err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			})
+			for rank := range ranks {
+				require.Len(t, got[rank], len(rates), "rank %d", rank)
+				for step, rate := range rates {
+					assert.InDelta(t, rate, got[rank][step], 1e-9, "rank %d, step %d", rank, step)
+				}
+			}
+		})
 	}
 }
