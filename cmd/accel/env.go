@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -20,9 +19,8 @@ import (
 	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/backends/mpi"
 	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/version"
 )
-
-const modulePath = "github.com/goaccel/goaccel"
 
 // entry is one line of the environment report.
 type entry struct{ key, value string }
@@ -69,7 +67,7 @@ func environmentReport(startAnyBackend bool) []entry {
 	// Read first: resolving the compute backend sets GOMLX_NO_AUTO_INSTALL in this process.
 	environment := relevantEnvironment()
 	entries := []entry{
-		{"goaccel version", moduleVersion()},
+		{"goaccel version", version.String()},
 		{"Go version", runtime.Version()},
 		{"Platform", runtime.GOOS + "/" + runtime.GOARCH},
 		{"CPUs", fmt.Sprintf("%d usable (GOMAXPROCS %d)", runtime.NumCPU(), runtime.GOMAXPROCS(0))},
@@ -119,36 +117,6 @@ func environmentReport(startAnyBackend bool) []entry {
 
 	entries = append(entries, entry{"Environment", environment})
 	return entries
-}
-
-// moduleVersion is goaccel's version as recorded in the binary: the module version when goaccel is a
-// dependency, or "(devel)" plus the VCS revision when this is goaccel's own build.
-func moduleVersion() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown (no build information)"
-	}
-	if info.Main.Path == modulePath {
-		v := info.Main.Version
-		for _, s := range info.Settings {
-			if s.Key == "vcs.revision" {
-				v += " " + s.Value
-			}
-			if s.Key == "vcs.modified" && s.Value == "true" {
-				v += " (modified)"
-			}
-		}
-		return v
-	}
-	for _, dep := range info.Deps {
-		if dep.Path == modulePath {
-			if dep.Replace != nil {
-				return dep.Version + " => " + dep.Replace.Path + " " + dep.Replace.Version
-			}
-			return dep.Version
-		}
-	}
-	return "unknown (goaccel is not in this binary's build information)"
 }
 
 func describeMPIRun() string {

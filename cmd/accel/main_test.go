@@ -16,6 +16,7 @@ import (
 	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/version"
 )
 
 // pinned fixes what launch would otherwise detect, so command lines do not depend on the machine.
@@ -114,7 +115,7 @@ func TestEnvReport(t *testing.T) {
 	require.Equal(t, 0, a.run([]string{"env"}), stderr.String())
 	out := stdout.String()
 	for _, want := range []string{
-		"- goaccel version:",
+		"- goaccel version:       " + version.Release,
 		"- Go version:            " + runtime.Version(),
 		"- Platform:              " + runtime.GOOS + "/" + runtime.GOARCH,
 		fmt.Sprintf("- CPUs:                  %d usable", runtime.NumCPU()),

@@ -46,7 +46,7 @@ func runMain(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
-var summaryKeys = []string{"rank", "world_size", "processes", "model", "context", "d_model", "heads", "blocks",
+var summaryKeys = []string{"goaccel_version", "rank", "world_size", "processes", "model", "context", "d_model", "heads", "blocks",
 	"parameters", "batch_size", "accumulation_steps", "global_batch", "steps", "micro_batches", "syncs",
 	"collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds", "train_tokens",
 	"train_examples", "final_loss", "validation_loss", "train_seconds", "tokens_per_second",

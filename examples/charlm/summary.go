@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/version"
 )
 
 // summary is the last line the main process prints: one JSON object that scripts (the benchmarks, the
@@ -42,11 +43,14 @@ type summary struct {
 	TokensPerSecond   float64 `json:"tokens_per_second"`
 	ExamplesPerSecond float64 `json:"examples_per_second"`
 	Seconds           float64 `json:"seconds"` // wall time of the whole run
+	// GoaccelVersion is the goaccel release (and commit) the program was built from.
+	GoaccelVersion string `json:"goaccel_version"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, res *trainResult, validationLoss float64, elapsed time.Duration) summary {
 	train, stats := res.trainTime.Seconds(), res.stats
 	return summary{
+		GoaccelVersion:    version.String(),
 		Rank:              acc.Rank(),
 		WorldSize:         acc.WorldSize(),
 		Processes:         acc.WorldSize(),

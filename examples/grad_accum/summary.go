@@ -15,6 +15,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/internal/lossplot"
+	"github.com/goaccel/goaccel/version"
 )
 
 // summary is the last line the main process prints: one JSON object that scripts (benchmarks, the
@@ -43,11 +44,14 @@ type summary struct {
 	TrainSeconds      float64 `json:"train_seconds"`
 	ExamplesPerSecond float64 `json:"examples_per_second"`
 	Seconds           float64 `json:"seconds"` // wall time of the whole run
+	// GoaccelVersion is the goaccel release (and commit) the program was built from.
+	GoaccelVersion string `json:"goaccel_version"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExamples int, accuracy, finalLoss float64,
 	trainTime, elapsed time.Duration) summary {
 	return summary{
+		GoaccelVersion:    version.String(),
 		Rank:              acc.Rank(),
 		WorldSize:         acc.WorldSize(),
 		Epochs:            cfg.epochs,
