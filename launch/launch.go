@@ -87,6 +87,7 @@ type config struct {
 	stdin      io.Reader
 	stdout     io.Writer
 	stderr     io.Writer
+	tagOutput  bool
 }
 
 // WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
@@ -193,6 +194,9 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		}
 		for _, p := range c.mcaParams() {
 			argv = append(argv, "--mca", p.Name, p.Value)
+		}
+		if c.tagOutput && !c.hasFlag("tag-output") {
+			argv = append(argv, "--tag-output")
 		}
 	}
 	argv = append(argv, c.extra...)

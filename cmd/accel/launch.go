@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/goaccel/goaccel/launch"
@@ -29,6 +31,8 @@ func (a *app) launch(args []string) int {
 	fs.Var(&mpirunArgs, "mpirun-arg", "pass `ARG` to mpirun before the program (repeatable)")
 	mpirun := fs.String("mpirun", "mpirun", "the MPI launcher `program` to run")
 	dryRun := fs.Bool("dry-run", false, "print the mpirun command line instead of running it")
+	outputDir := fs.String("output-dir", "", "keep every rank's whole output in `DIR`/rank-N.log (default: a "+
+		"temporary directory, kept and named only when the job fails)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: accel launch -n N [flags] [--] PROGRAM [ARGS...]\n\n"+
 			"Runs PROGRAM in N processes under mpirun and exits with the job's exit code.\n"+
@@ -67,13 +71,43 @@ func (a *app) launch(args []string) int {
 		fmt.Fprintln(a.stdout, launch.String(argv))
 		return 0
 	}
+	// Every line comes tagged with its rank: the terminal gets one copy of each error and none of mpirun's
+	// banners that restate it; the logs get everything.
+	dir, keep := *outputDir, *outputDir != ""
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "accel-launch-"); err != nil {
+			fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+			return 1
+		}
+	}
+	out, err := launch.NewOutput(dir, a.stdout, a.stderr)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
+		return 1
+	}
+	opts = append(opts, launch.WithTaggedOutput(), launch.WithStdio(a.stdin, out.Stdout(), out.Stderr()))
 	code, err := launch.Run(context.Background(), *procs, program, programArgs, opts...)
-	if ierr := (*launch.InterruptedError)(nil); errors.As(err, &ierr) {
-		fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+	_ = out.Close()
+	ierr := (*launch.InterruptedError)(nil)
+	interrupted := errors.As(err, &ierr)
+	if ran := err == nil || interrupted; !keep && !(ran && code != 0) {
+		_ = os.RemoveAll(dir) // nothing to look at: the job succeeded, or never started
+	}
+	if interrupted {
+		fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
 		return code // 130 for SIGINT, 143 for SIGTERM, as a shell reports
 	}
+	if err == nil && code != 0 {
+		if summary := out.Summary(); summary != "" {
+			fmt.Fprintf(a.stderr, "accel launch: the job failed (exit code %d); what the ranks reported:\n%s", code, summary)
+		} else {
+			fmt.Fprintf(a.stderr, "accel launch: the job failed (exit code %d); mpirun's output: %s\n", code,
+				filepath.Join(dir, "mpirun.log"))
+		}
+	}
 	if err != nil {
-		fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+		fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
 		// A program that cannot run gets a shell's code (127, 126), not mpirun's, which read as signals.
 		var perr *launch.ProgramError
 		if errors.As(err, &perr) {

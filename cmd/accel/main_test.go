@@ -223,7 +223,7 @@ func TestLaunchProgramThatCannotRun(t *testing.T) {
 		code    int
 		want    string
 	}{
-		{"missing", filepath.Join(t.TempDir(), "train"), 127, "not found"},
+		{"missing", filepath.Join(t.TempDir(), "train"), 127, "accel launch: program"},
 		{"not on PATH", "goaccel-no-such-program", 127, "not found"},
 		{"not executable", plain, 126, "not executable"},
 	} {
@@ -234,5 +234,26 @@ func TestLaunchProgramThatCannotRun(t *testing.T) {
 			assert.Contains(t, stderr.String(), tc.want)
 			assert.Contains(t, stderr.String(), tc.program)
 		})
+	}
+}
+
+// TestLaunchFailureOutput: 4 ranks that fail alike produce one summary line naming all of them, none of
+// mpirun's banner, and every rank's whole output under -output-dir.
+func TestLaunchFailureOutput(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	dir := filepath.Join(t.TempDir(), "logs")
+	a, stdout, stderr := newTestApp()
+	code := a.run([]string{"launch", "-n", "4", "-output-dir", dir, "sh", "-c",
+		`echo "step 1"; echo "demo: rank $OMPI_COMM_WORLD_RANK of 4: -k must be at least 1" >&2; exit 2`})
+	assert.Equal(t, 2, code)
+	assert.Equal(t, 4, strings.Count(stdout.String(), "step 1"), "the ranks' standard output passes")
+	assert.Contains(t, stderr.String(), "accel launch: the job failed (exit code 2); what the ranks reported:\n"+
+		"  ranks 0-3: demo: rank N of 4: -k must be at least 1\n")
+	assert.Equal(t, 2, strings.Count(stderr.String(), "-k must be at least 1"), "once live, once in the summary:\n%s", stderr)
+	assert.NotContains(t, stderr.String(), "Primary job", "mpirun's banner restates the failure")
+	for rank := range 4 {
+		log, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.log", rank)))
+		require.NoError(t, err)
+		assert.Contains(t, string(log), fmt.Sprintf("stderr: demo: rank %d of 4: -k must be at least 1", rank))
 	}
 }
