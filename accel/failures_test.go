@@ -224,7 +224,18 @@ func TestMisuseReturnsErrors(t *testing.T) {
 			require.NoError(t, err)
 			_, err = acc.Backward(m, good)
 			return err
-		}, "of memory available on this machine: make the model smaller"},
+		}, "of memory available on this machine: use a smaller batch per process"},
+		{"activations larger than the machine's memory", func(t *testing.T, acc *accel.Accelerator) error {
+			// Few parameters, but a micro-batch whose activations take 32 GiB per intermediate tensor.
+			m, err := acc.PrepareModel(context.New(), func(ctx *context.Context, in []*Node) []*Node {
+				wide := BroadcastToDims(in[0], in[0].Shape().Dimensions[0], testmodel.Features, 1<<30)
+				h := ReduceSum(Tanh(wide), -1)
+				return []*Node{layers.Dense(ctx.In("out"), h, true, testmodel.Classes)}
+			}, testmodel.Loss)
+			require.NoError(t, err)
+			_, err = acc.Backward(m, good)
+			return err
+		}, "for the activations and gradients of one micro-batch of"},
 		{"nil input tensor", func(t *testing.T, acc *accel.Accelerator) error {
 			m, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
 			require.NoError(t, err)

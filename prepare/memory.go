@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // the graph's node types read best unqualified
 )
 
 // optimizerStateCopies is how many copies of the parameters an optimizer may keep: Adam keeps two moments.
@@ -25,14 +27,56 @@ func (m *Model) checkMemory() error {
 			params += bytes
 		}
 	}
-	need := vars + float64(len(m.onMaterialize)*optimizerStateCopies)*params
+	state := vars + float64(len(m.onMaterialize)*optimizerStateCopies)*params
+	need := state + m.activationBytes
 	available, ok := availableMemory()
 	if !ok || need <= float64(available) {
 		return nil
 	}
-	return fmt.Errorf("prepare: the model needs about %s for its parameters (%s), gradient accumulators and "+
-		"optimizer state, more than the %s of memory available on this machine: make the model smaller",
-		byteSize(need), byteSize(params), byteSize(float64(available)))
+	batch := 0
+	if len(m.firstInputs) > 0 && m.firstInputs[0].Rank() > 0 {
+		batch = m.firstInputs[0].Dimensions[0]
+	}
+	return fmt.Errorf("prepare: the model needs about %s — %s for its parameters (%s), gradient accumulators and "+
+		"optimizer state, and %s for the activations and gradients of one micro-batch of %d examples — more than "+
+		"the %s of memory available on this machine: use a smaller batch per process (or more processes, or "+
+		"gradient accumulation), or a smaller model", byteSize(need), byteSize(state), byteSize(params),
+		byteSize(m.activationBytes), batch, byteSize(float64(available)))
+}
+
+// peakLiveBytes estimates the memory a training step's intermediate values need at their peak, as the
+// pure-Go backend runs a graph: one node after the other in the order they were built, each output alive
+// from its node until its last consumer ran, parameters and variables not counted (they are the batch and
+// the model's state). An element-wise node may write into an input it is the last user of; counting it
+// anyway makes this an upper bound of that backend's need, and close to it: a job refused here would have
+// ended in Go's "fatal error: out of memory", which no error handling can catch.
+func peakLiveBytes(g *Graph, outputs []*Node) float64 {
+	nodes := g.Nodes()
+	lastUse := make(map[*Node]int, len(nodes))
+	for i, n := range nodes {
+		for _, in := range n.Inputs() {
+			lastUse[in] = i
+		}
+	}
+	for _, out := range outputs {
+		lastUse[out] = len(nodes) // kept until the step returns
+	}
+	var live, peak float64
+	freeAt := make(map[int][]float64)
+	for i, n := range nodes {
+		if n.Type() != NodeTypeParameter && n.Type() != NodeTypeConstant {
+			if _, used := lastUse[n]; used {
+				bytes := float64(n.Shape().Memory())
+				live += bytes
+				freeAt[lastUse[n]] = append(freeAt[lastUse[n]], bytes)
+			}
+		}
+		peak = max(peak, live)
+		for _, bytes := range freeAt[i] {
+			live -= bytes
+		}
+	}
+	return peak
 }
 
 // availableMemory is the memory this process can still allocate: the kernel's MemAvailable, or less if a

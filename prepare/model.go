@@ -50,6 +50,8 @@ type Model struct {
 	// labelClasses is the model's number of classes when its labels are class indices (integer labels
 	// shaped as its first output without the class axis), else 0: Backward checks every label against it.
 	labelClasses int
+	// activationBytes estimates the memory one training step needs beyond the variables (see peakLiveBytes).
+	activationBytes float64
 
 	params  []*context.Variable // trainable variables used by the model, registration order (= Plan.Params)
 	plan    accumulate.Plan
@@ -165,7 +167,8 @@ func (m *Model) Materialize(batch Batch) (err error) {
 	// Build the training graph once without running it: that creates the variables and the bucket plan.
 	// (A context.Exec's PreCompile would donate the buffers of the variables the graph changes.)
 	probeGraph(m.rt, "goaccel_model_probe", m.microStepArgs(batch, 1, true), func(g *Graph, params []*Node) {
-		m.microStepGraph(m.ctx, params)
+		outputs := m.microStepGraph(m.ctx, params)
+		m.activationBytes = peakLiveBytes(g, outputs)
 	})
 	if err := m.checkMemory(); err != nil {
 		return err
