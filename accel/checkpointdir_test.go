@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -151,4 +153,50 @@ func TestMPIResumeOnOneRankIsNamed(t *testing.T) {
 		assert.Contains(t, msg, "the ranks disagree on what each rank is doing: rank 0 has loading a checkpoint "+
 			"(LoadState); rank 1 has training (the first Backward)", "rank %d", r.Rank)
 	}
+}
+
+// TestMPIExtraSaveStateIsNamed: one rank saving a checkpoint the other does not save puts the ranks out of
+// step. Whichever way the collectives then fail (an engine error or the watchdog), every rank's error
+// names collective numbers, and a rank that learns of the other's failure says they are out of step.
+func TestMPIExtraSaveStateIsNamed(t *testing.T) {
+	if mpitest.IsRank() {
+		mpitest.Do(t, func() (any, error) {
+			acc, err := accel.New(accel.WithBackend("go"), accel.WithCollectiveTimeout(3*time.Second))
+			if err != nil {
+				return nil, err
+			}
+			r := prepareResumable(t, acc, 16, 2, 1)
+			_, runErr := r.train(acc, 1, 2)
+			if runErr == nil && acc.Rank() == 0 {
+				_, runErr = acc.SaveState(os.Getenv(checkpointDirEnv))
+			}
+			if runErr == nil {
+				_, runErr = r.train(acc, 2, 0)
+			}
+			if runErr == nil {
+				return nil, errors.New("training went on although the ranks were out of step")
+			}
+			if err := mpitest.Report(runErr.Error(), nil); err != nil {
+				return nil, err
+			}
+			waitForReports(acc.WorldSize())
+			_ = acc.CloseWithError(runErr)
+			return runErr.Error(), nil
+		})
+		return
+	}
+	out := mpitest.Launch(t, 2, t.Name(), mpitest.WithEnv(checkpointDirEnv+"="+t.TempDir()), mpitest.WithTimeout(60*time.Second))
+	require.False(t, out.TimedOut, "the job hung:\n%s", out)
+	sawStep := false
+	for r := range 2 {
+		res, ok := out.Result(r)
+		require.True(t, ok, "rank %d reported nothing:\n%s", r, out)
+		var msg string
+		require.NoError(t, res.Decode(&msg))
+		t.Logf("rank %d: %s", r, msg)
+		assert.Contains(t, msg, "collective #", "rank %d names where it was", r)
+		sawStep = sawStep || strings.Contains(msg, "made collective calls the other did not") ||
+			strings.Contains(msg, "did not complete within")
+	}
+	assert.True(t, sawStep, "no rank said the ranks were out of step")
 }

@@ -99,6 +99,7 @@ type TimeoutError struct {
 	After   time.Duration
 	Rank    int
 	Context string // what the caller was doing (for example "optimizer step 12"), when known.
+	Seq     int64  // the collective's number on this rank, from 1 (0: unknown)
 }
 
 func (e *TimeoutError) Error() string {
@@ -106,8 +107,13 @@ func (e *TimeoutError) Error() string {
 	if e.Context != "" {
 		where = " during " + e.Context
 	}
-	return fmt.Sprintf("backends: rank %d: %s of %d bytes did not complete within %s%s: another rank "+
-		"failed, hangs, or called a different collective", e.Rank, e.Op, e.Bytes, e.After, where)
+	number := ""
+	if e.Seq > 0 {
+		number = fmt.Sprintf("collective #%d (", e.Seq)
+		where += ")"
+	}
+	return fmt.Sprintf("backends: rank %d: %s%s of %d bytes%s did not complete within %s: another rank "+
+		"failed, hangs, or called a different collective", e.Rank, number, e.Op, e.Bytes, where, e.After)
 }
 
 // ErrClosed is returned by collectives on a closed Communicator.
@@ -133,9 +139,12 @@ type Communicator struct {
 	engine     Engine
 	engineName string
 
-	mu      sync.Mutex // serialises engine calls: engines need not be thread-safe.
-	stats   Stats
-	closed  bool
+	mu     sync.Mutex // serialises engine calls: engines need not be thread-safe.
+	stats  Stats
+	closed bool
+	// seq counts the collectives this rank started: ranks in step are at the same number, so the numbers in
+	// their errors show where one made a call the other did not.
+	seq     int64
 	broken  error // set once a collective failed; the job cannot continue consistently.
 	timeout time.Duration
 	// describe says what the owner is doing, for error messages (for example the optimizer step).
@@ -259,6 +268,7 @@ type Pending struct {
 	req     Request
 	op      Op
 	bytes   int
+	seq     int64 // this collective's number on this rank, from 1 (see CollectiveError)
 	started time.Time
 
 	// mu guards done and err: Wait may be called from several goroutines, and the second must get the
@@ -297,7 +307,8 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 	}
 	c.stats.PerOp[op].Calls++
 	c.stats.PerOp[op].Bytes += int64(bytes)
-	return &Pending{comm: c, req: req, op: op, bytes: bytes, started: time.Now()}, nil
+	c.seq++
+	return &Pending{comm: c, req: req, op: op, bytes: bytes, seq: c.seq, started: time.Now()}, nil
 }
 
 // busyPollFor is how long a wait polls without sleeping. Engines progress only inside Test (Open MPI's
@@ -378,7 +389,13 @@ func (c *Communicator) wait(p *Pending) error {
 			}
 			c.mu.Unlock()
 			if err != nil {
-				return fmt.Errorf("backends: %s: %w", p.op, err)
+				cerr := &CollectiveError{Op: p.op, Bytes: p.bytes, Seq: p.seq, Err: err}
+				c.mu.Lock()
+				if c.describe != nil {
+					cerr.Context = c.describe()
+				}
+				c.mu.Unlock()
+				return cerr
 			}
 			return nil
 		}
@@ -386,7 +403,7 @@ func (c *Communicator) wait(p *Pending) error {
 		if now.Sub(begin) >= busyPollFor {
 			// Past the busy phase the wait is long enough to be for a peer that may have left the job: a
 			// peer that failed or closed can never join this collective.
-			if err := c.checkPeers(p.op.String(), now); err != nil {
+			if err := c.checkPeers(p.op.String(), p.seq, now); err != nil {
 				c.mu.Lock()
 				c.broken = err
 				c.stats.PerOp[p.op].Wait += time.Since(begin)
@@ -396,7 +413,7 @@ func (c *Communicator) wait(p *Pending) error {
 		}
 		if now.After(deadline) {
 			c.mu.Lock()
-			terr := &TimeoutError{Op: p.op, Bytes: p.bytes, After: c.timeout, Rank: c.engine.Rank()}
+			terr := &TimeoutError{Op: p.op, Bytes: p.bytes, After: c.timeout, Rank: c.engine.Rank(), Seq: p.seq}
 			if c.describe != nil {
 				terr.Context = c.describe()
 			}
@@ -533,6 +550,29 @@ func (c *Communicator) Barrier() error {
 func (c *Communicator) Abort(code int) {
 	c.engine.Abort(code)
 }
+
+// CollectiveError is a collective the engine failed (Open MPI's MPI_ERR_TRUNCATE when the ranks called
+// different collectives with buffers of different sizes). It says which of this rank's collectives it was,
+// counted from 1, so that the ranks' errors side by side show where they went out of step.
+type CollectiveError struct {
+	Op      Op
+	Bytes   int
+	Seq     int64
+	Context string // what the caller was doing (for example "saving state"), when known
+	Err     error
+}
+
+func (e *CollectiveError) Error() string {
+	where := ""
+	if e.Context != "" {
+		where = " during " + e.Context
+	}
+	return fmt.Sprintf("backends: collective #%d (%s of %d bytes%s) failed: %v: the ranks may have called "+
+		"different collectives here (compare the collective numbers in the other ranks' errors)", e.Seq, e.Op,
+		e.Bytes, where, e.Err)
+}
+
+func (e *CollectiveError) Unwrap() error { return e.Err }
 
 // Closed reports whether Close was called: objects that share the Communicator (a prepared model and
 // optimizer) refuse to run after it, rather than computing on a job that has ended.

@@ -3,7 +3,9 @@ package backends
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -60,16 +62,44 @@ type PeerError struct {
 	Waiting string
 	// Context is what the caller was doing (for example "optimizer step 12"), when known.
 	Context string
+	// SelfSeq is the number of the collective this rank waits in; PeerSeq that of the collective the failed
+	// rank's error names (a *CollectiveError), 0 when it names none.
+	SelfSeq, PeerSeq int64
 }
+
+// collectiveNumber reads the number of a *CollectiveError's collective from its text, 0 if none.
+func collectiveNumber(message string) int64 {
+	m := collectiveNumberText.FindStringSubmatch(message)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
+}
+
+var collectiveNumberText = regexp.MustCompile(`collective #(\d+) \(`)
 
 func (e *PeerError) Error() string {
 	where := e.Waiting
+	if e.SelfSeq > 0 {
+		where += fmt.Sprintf(" (its collective #%d)", e.SelfSeq)
+	}
 	if e.Context != "" {
 		where += " during " + e.Context
 	}
 	if e.Failed {
-		return fmt.Sprintf("backends: rank %d failed: %s (rank %d stopped waiting for it in %s)", e.Rank,
-			e.Message, e.Self, where)
+		step := ""
+		switch {
+		case e.PeerSeq == 0 || e.SelfSeq == 0:
+		case e.PeerSeq != e.SelfSeq:
+			step = fmt.Sprintf("; rank %d failed in its collective #%d, rank %d is at #%d: one of them made "+
+				"collective calls the other did not (an extra SaveState or evaluation, another number of epochs or "+
+				"batches)", e.Rank, e.PeerSeq, e.Self, e.SelfSeq)
+		default:
+			step = fmt.Sprintf("; both are at collective #%d: they called different collectives there", e.SelfSeq)
+		}
+		return fmt.Sprintf("backends: rank %d failed: %s (rank %d stopped waiting for it in %s)%s", e.Rank,
+			e.Message, e.Self, where, step)
 	}
 	return fmt.Sprintf("backends: rank %d closed its communicator (its program ended, or stopped on an error "+
 		"that rank %d does not know) while rank %d waits for it in %s", e.Rank, e.Rank, e.Self, where)
@@ -130,7 +160,7 @@ func (c *Communicator) departed() []int {
 
 // checkPeers returns a *PeerError when a rank this one waits for in op has left the job: it failed, or it
 // closed longer than closedPeerGrace ago.
-func (c *Communicator) checkPeers(waiting string, now time.Time) error {
+func (c *Communicator) checkPeers(waiting string, seq int64, now time.Time) error {
 	if c.notices == nil {
 		return nil
 	}
@@ -146,7 +176,8 @@ func (c *Communicator) checkPeers(waiting string, now time.Time) error {
 			if d.failed == closedOK || (closedOK && now.Sub(d.seen) < closedPeerGrace) {
 				continue
 			}
-			perr := &PeerError{Rank: r, Self: c.engine.Rank(), Failed: d.failed, Message: d.message, Waiting: waiting}
+			perr := &PeerError{Rank: r, Self: c.engine.Rank(), Failed: d.failed, Message: d.message, Waiting: waiting,
+				SelfSeq: seq, PeerSeq: collectiveNumber(d.message)}
 			if c.describe != nil {
 				perr.Context = c.describe()
 			}

@@ -143,7 +143,7 @@ func TestCheckCatchesFaultyEngines(t *testing.T) {
 		{"broadcast scribbles", "broadcast int64[260] from root 0: element 259"},
 		{"gather ignores recv", "all-gather float32[5]: element 0"},
 		{"scatter drops the tail", "reduce-scatter float32[7]: element 6"},
-		{"hangs", "all-reduce of 0 bytes did not complete within 100ms"},
+		{"hangs", "all-reduce of 0 bytes) did not complete within 100ms"},
 		{"fails", "starting all-reduce: link down"},
 	}
 	for _, tt := range tests {
