@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -89,21 +90,9 @@ func TestKilledLauncherEndsTheJob(t *testing.T) {
 	mpitest.RequireMPIRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pidFile := filepath.Join(t.TempDir(), "rank.pid")
-	launcher := exec.Command(os.Args[0], "-test.run=^$")
-	launcher.Env = append(os.Environ(), launcherEnv+"="+pidFile)
-	require.NoError(t, launcher.Start())
+	launcher, rank := startLauncher(ctx, t, nil)
 	waited := make(chan error, 1)
 	go func() { waited <- launcher.Wait() }()
-
-	rank := waitFor(ctx, t, "the rank to start", func() (int, bool) {
-		data, err := os.ReadFile(pidFile)
-		if err != nil {
-			return 0, false
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		return pid, err == nil
-	})
 	require.NoError(t, launcher.Process.Signal(syscall.SIGKILL))
 	<-waited
 	waitFor(ctx, t, "the rank to end after its launcher was killed", func() (int, bool) {
@@ -123,20 +112,8 @@ func TestInterruptedLauncherStopsTheJob(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			pidFile := filepath.Join(t.TempDir(), "rank.pid")
-			launcher := exec.Command(os.Args[0], "-test.run=^$")
-			launcher.Env = append(os.Environ(), launcherEnv+"="+pidFile)
 			var stderr strings.Builder
-			launcher.Stderr = &stderr
-			require.NoError(t, launcher.Start())
-			rank := waitFor(ctx, t, "the rank to start", func() (int, bool) {
-				data, err := os.ReadFile(pidFile)
-				if err != nil {
-					return 0, false
-				}
-				pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-				return pid, err == nil
-			})
+			launcher, rank := startLauncher(ctx, t, &stderr)
 			require.NoError(t, launcher.Process.Signal(tc.signal))
 			err := launcher.Wait()
 			assert.Equal(t, tc.code, launch.ExitCode(err), "the launcher's exit code")
@@ -144,6 +121,26 @@ func TestInterruptedLauncherStopsTheJob(t *testing.T) {
 			waitFor(ctx, t, "the rank to end", func() (int, bool) { return 0, ended(rank) })
 		})
 	}
+}
+
+// startLauncher starts this test binary as a launcher of one rank (see TestMain) and waits until the rank
+// runs: it returns the launcher and the rank's pid. The launcher's standard error goes to stderr, if given.
+func startLauncher(ctx context.Context, t *testing.T, stderr io.Writer) (*exec.Cmd, int) {
+	t.Helper()
+	pidFile := filepath.Join(t.TempDir(), "rank.pid")
+	launcher := exec.Command(os.Args[0], "-test.run=^$")
+	launcher.Env = append(os.Environ(), launcherEnv+"="+pidFile)
+	launcher.Stderr = stderr
+	require.NoError(t, launcher.Start())
+	rank := waitFor(ctx, t, "the rank to start", func() (int, bool) {
+		data, err := os.ReadFile(pidFile)
+		if err != nil {
+			return 0, false
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		return pid, err == nil
+	})
+	return launcher, rank
 }
 
 // ended reports whether process pid is gone or a zombie (ended, waiting for a parent that may never reap

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
+	"github.com/goaccel/goaccel/internal/classlabels"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -89,9 +90,9 @@ func (s *Set) score(predictions, labels *tensors.Tensor) ([]float64, int, error)
 	if err != nil {
 		return nil, 0, err
 	}
-	classOf, err := asInt64(labels)
+	classOf, err := classlabels.Int64s(labels)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("metrics: %w", err)
 	}
 	scores := make([]float64, b*len(s.metrics))
 	for m, metric := range s.metrics {
@@ -198,35 +199,4 @@ func asFloat64(t *tensors.Tensor) ([]float64, error) {
 		err = fmt.Errorf("metrics: predictions must be float32 or float64, got %s", t.DType())
 	}
 	return out, err
-}
-
-// asInt64 reads integer class labels.
-func asInt64(t *tensors.Tensor) ([]int64, error) {
-	var out []int64
-	err := t.ConstFlatData(func(flat any) {
-		switch f := flat.(type) {
-		case []int32:
-			out = widen(f)
-		case []int64:
-			out = slices.Clone(f)
-		case []uint8:
-			out = widen(f)
-		case []int16:
-			out = widen(f)
-		case []int8:
-			out = widen(f)
-		}
-	})
-	if err == nil && out == nil && t.Shape().Size() > 0 {
-		err = fmt.Errorf("metrics: labels must be integer class indices, got %s", t.DType())
-	}
-	return out, err
-}
-
-func widen[T int8 | int16 | int32 | uint8](x []T) []int64 {
-	out := make([]int64, len(x))
-	for i, v := range x {
-		out[i] = int64(v)
-	}
-	return out
 }

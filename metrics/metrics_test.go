@@ -109,7 +109,7 @@ func TestMetricErrors(t *testing.T) {
 	}{
 		{"predictions not a matrix", metrics.Accuracy(), tensors.FromValue([]float32{1, 2}), batch(tensors.FromValue([]int32{0, 1})), "[batch, classes]"},
 		{"label out of range", metrics.Accuracy(), tensors.FromValue([][]float32{{1, 2}, {2, 1}}), batch(tensors.FromValue([]int32{0, 5})), "label 5 of example 1 is not one of 2 classes"},
-		{"float labels", metrics.Accuracy(), tensors.FromValue([][]float32{{1, 2}, {2, 1}}), batch(tensors.FromValue([]float32{0, 1})), "integer class indices"},
+		{"float labels", metrics.Accuracy(), tensors.FromValue([][]float32{{1, 2}, {2, 1}}), batch(tensors.FromValue([]float32{0, 1})), "class labels must be integers"},
 		{"k too large", metrics.TopK(3), tensors.FromValue([][]float32{{1, 2}, {2, 1}}), batch(tensors.FromValue([]int32{0, 1})), "k must be in [1, 2]"},
 	}
 	for _, tc := range tests {

@@ -9,6 +9,8 @@ import (
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
+
+	"github.com/goaccel/goaccel/internal/classlabels"
 )
 
 // Source is an indexable dataset: Len examples, any of which can be gathered into a batch. The data
@@ -95,48 +97,17 @@ func checkClasses(labels []*tensors.Tensor, classes int) error {
 // firstLabelOutside returns the first label of t outside [0, classes) and the example (index along t's
 // first axis) that holds it, or example −1 when every label is a class. t must hold integers.
 func firstLabelOutside(t *tensors.Tensor, classes int) (value int64, example int, err error) {
-	var at int64 = -1
-	notInteger := false
-	err = t.ConstFlatData(func(flat any) {
-		switch f := flat.(type) {
-		case []int32:
-			value, at = firstOutside(f, classes)
-		case []int64:
-			value, at = firstOutside(f, classes)
-		case []uint8:
-			value, at = firstOutside(f, classes)
-		case []int8:
-			value, at = firstOutside(f, classes)
-		case []int16:
-			value, at = firstOutside(f, classes)
-		case []uint16:
-			value, at = firstOutside(f, classes)
-		case []uint32:
-			value, at = firstOutside(f, classes)
-		default:
-			notInteger = true
-		}
-	})
-	switch {
-	case err != nil:
+	values, err := classlabels.Int64s(t)
+	if err != nil {
 		return 0, -1, err
-	case notInteger:
-		return 0, -1, fmt.Errorf("class labels must be integers, got %s", t.DType())
-	case at < 0:
-		return 0, -1, nil
 	}
-	perExample := max(t.Shape().Size()/max(t.Shape().Dimensions[0], 1), 1)
-	return value, int(at) / perExample, nil
-}
-
-// firstOutside returns the first value outside [0, classes) and its flat index, or index -1.
-func firstOutside[T int8 | int16 | int32 | int64 | uint8 | uint16 | uint32](flat []T, classes int) (value, index int64) {
-	for i, v := range flat {
-		if int64(v) < 0 || int64(v) >= int64(classes) {
-			return int64(v), int64(i)
+	for i, v := range values {
+		if v < 0 || v >= int64(classes) {
+			perExample := max(t.Shape().Size()/max(t.Shape().Dimensions[0], 1), 1)
+			return v, i / perExample, nil
 		}
 	}
-	return 0, -1
+	return 0, -1, nil
 }
 
 func (s *tensorSource) Len() int { return s.n }

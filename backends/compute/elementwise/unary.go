@@ -73,8 +73,8 @@ func exps(in, out []float32) {
 			out[i] = expOutside(x)
 			continue
 		}
-		// expNormal, written out: the compiler would not inline it, and a call per element keeps the
-		// processor from overlapping consecutive elements' polynomials.
+		// Written out in the loop: the compiler would not inline a function of this size, and a call per
+		// element keeps the processor from overlapping consecutive elements' polynomials.
 		n := (x*log2e + roundMagic) - roundMagic
 		r := x - n*ln2Hi - n*ln2Lo
 		p := float32(expP0)
@@ -104,12 +104,11 @@ const (
 	expZero = -104
 )
 
-// exp32 is e^x in float32.
+// exp32 is e^x in float32, one value (exps is the loop over a tensor).
 func exp32(x float32) float32 {
-	if x >= expSubnormal && x <= expOverflow {
-		return expNormal(x)
-	}
-	return expOutside(x)
+	in, out := [1]float32{x}, [1]float32{}
+	exps(in[:], out[:])
+	return out[0]
 }
 
 // expOutside is e^x where the result is not a normal float32: NaN, overflow, subnormal or zero. A masked
@@ -127,25 +126,9 @@ func expOutside(x float32) float32 {
 	return float32(math.Exp(float64(x))) // Subnormal: rare, done exactly.
 }
 
-// expNormal is e^x for x in [expSubnormal, expOverflow], without a branch, small enough to be inlined in
-// the loop over a tensor: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by Cephes' polynomial, 2^n built in the
-// exponent bits in two halves (n reaches 128, whose 2^n alone is not a float32).
-func expNormal(x float32) float32 {
-	n := (x*log2e + roundMagic) - roundMagic
-	r := x - n*ln2Hi - n*ln2Lo
-	p := float32(expP0)
-	p = p*r + expP1
-	p = p*r + expP2
-	p = p*r + expP3
-	p = p*r + expP4
-	p = p*r + expP5
-	y := p*r*r + r + 1
-	k := int32(n)
-	half := k >> 1
-	return y * math.Float32frombits(uint32(half+127)<<23) * math.Float32frombits(uint32(k-half+127)<<23)
-}
-
-// The constants of expNormal.
+// The constants of the fast path of exps: e^x for x in [expSubnormal, expOverflow], without a branch, as
+// x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by Cephes' polynomial, and 2^n built in the exponent bits in two
+// halves (n reaches 128, whose 2^n alone is not a float32).
 const (
 	log2e = 1.44269504088896341
 	ln2Hi = 0.693359375 // ln 2 split so that n·ln2Hi is exact
