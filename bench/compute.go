@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/goaccel/goaccel/backends/compute"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -36,7 +37,7 @@ type computeConfig struct {
 }
 
 var computeConfigs = []computeConfig{
-	{"GoMLX as shipped", "gomlx", []string{"GOMLX_BACKEND=go"}, true},
+	{"GoMLX as shipped", "gomlx", []string{"GOMLX_BACKEND=" + compute.SequentialPureGo}, true},
 	{"pure Go", "go", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=go"}, false},
 	{"BLAS", "blas", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=blas"}, false},
 }

@@ -44,7 +44,9 @@ func newGoMLXTrainer(cfg trainConfig, seed uint64) (*gomlxTrainer, error) {
 // wrappers is installed in the process.
 func benchBackend(asShipped bool) (gomlxbackends.Backend, error) {
 	if asShipped {
-		return gomlxbackends.NewWithConfig(compute.PureGo)
+		// Operations one at a time: GoMLX's parallel scheduler and its own matrix products can wait for each
+		// other forever (see compute.SequentialPureGo).
+		return gomlxbackends.NewWithConfig(compute.SequentialPureGo)
 	}
 	conf, err := accel.Resolve(accel.WithBackend(compute.PureGo))
 	if err != nil {

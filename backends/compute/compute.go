@@ -127,9 +127,17 @@ const sequentialOps = "ops_sequential"
 // get cores ÷ local ranks, as for BLAS threads — those goroutines cannot run at once, and their hand-overs
 // cost more than they overlap: the demo's MLP trained 20% slower per epoch on 2 ranks of a 2-core machine
 // (0.65 s against 0.53 s), while its CNN gained nothing. With more cores the backend's own choice stands.
+//
+// With GOACCEL_MATMUL=go the matrix products are simplego's own, whose DotGeneral waits for workers of the
+// backend's pool from inside a pool worker: with operations in parallel, products running at once can fill
+// the pool and wait for each other forever (GoMLX v0.26.0; docs/notes.md, Note [simplego's worker pool]).
+// Operations then run one after another, so no wait ever holds a worker that another task needs.
 func scheduleOps(cfg Config, config string) (string, error) {
 	if config != PureGo {
 		return config, nil // another backend, or options the user chose
+	}
+	if cfg.Matmul == "go" {
+		return PureGo + ":" + sequentialOps, nil
 	}
 	threads, err := threadBudget(cfg)
 	if err != nil || threads > 1 {
@@ -137,6 +145,11 @@ func scheduleOps(cfg Config, config string) (string, error) {
 	}
 	return PureGo + ":" + sequentialOps, nil
 }
+
+// SequentialPureGo is the configuration of GoMLX's pure-Go backend that runs a graph's operations one after
+// another: what scheduleOps chooses where the backend's parallel scheduler would cost more than it gives, or
+// could wait forever (see scheduleOps).
+const SequentialPureGo = PureGo + ":" + sequentialOps
 
 func newBackend(cfg Config, config, reason string) (backend backends.Backend, err error) {
 	name, _, _ := strings.Cut(config, ":")

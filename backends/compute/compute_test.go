@@ -73,6 +73,7 @@ func TestScheduleOps(t *testing.T) {
 		{"one thread", PureGo, Config{Threads: 1}, PureGo + ":" + sequentialOps},
 		{"two ranks share two cores", PureGo, Config{LocalSize: 1 << 20}, PureGo + ":" + sequentialOps},
 		{"several threads", PureGo, Config{Threads: 4}, PureGo},
+		{"simplego's own matmul never runs in parallel", PureGo, Config{Threads: 4, Matmul: "go"}, PureGo + ":" + sequentialOps},
 		{"user's options stand", PureGo + ":ops_parallel", Config{Threads: 1}, PureGo + ":ops_parallel"},
 		{"other backends untouched", "xla:cpu", Config{Threads: 1}, "xla:cpu"},
 	} {
