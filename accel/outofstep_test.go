@@ -1,6 +1,7 @@
+package accel_test
+
 // Ranks that go out of step — another debug mode, a resume or a checkpoint on one rank only — fail on every
 // rank with what differed, under real mpirun.
-package accel_test
 
 import (
 	"errors"
