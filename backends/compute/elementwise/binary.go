@@ -6,13 +6,12 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/backends/compute/internal/broadcast"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
 // broadcastPlan is a binary operation whose small operand spans a contiguous run of the large one's axes
-// (size 1 elsewhere): with the large operand's elements indexed as (p, m, q) over the axes before, within
-// and after that run, output[p, m, q] = large[p, m, q] ⊕ small[m]. A channels-last bias has q = 1 (the small
-// operand repeats whole), a per-example scale p = 1, a channels-first bias all three.
+// (see broadcast.Pattern): output[p, m, q] = large[p, m, q] ⊕ small[m].
 type broadcastPlan struct {
 	before, within, after int
 	smallIsLHS            bool // the small operand is the left one (order matters for Sub and Div)
@@ -29,38 +28,12 @@ func planBroadcast(lhs, rhs shapes.Shape) (plan broadcastPlan, ok bool) {
 		large, small = rhs, lhs
 		plan.smallIsLHS = true
 	}
-	first, last := -1, -1 // The small operand's first and last axes of size > 1.
-	for axis, dim := range small.Dimensions {
-		switch dim {
-		case large.Dimensions[axis]:
-			if dim > 1 {
-				if first < 0 {
-					first = axis
-				}
-				last = axis
-			}
-		case 1:
-		default:
-			return plan, false
-		}
+	pattern, ok := broadcast.Of(small.Dimensions, large.Dimensions)
+	if !ok {
+		return plan, false
 	}
-	for axis := first; axis <= last; axis++ {
-		if small.Dimensions[axis] != large.Dimensions[axis] {
-			return plan, false // A hole: the small operand does not span a contiguous run.
-		}
-	}
-	plan.before = product(large.Dimensions[:first])
-	plan.within = product(large.Dimensions[first : last+1])
-	plan.after = product(large.Dimensions[last+1:])
+	plan.before, plan.within, plan.after = pattern.Before, pattern.Within, pattern.After
 	return plan, true
-}
-
-func product(dims []int) int {
-	p := 1
-	for _, d := range dims {
-		p *= d
-	}
-	return p
 }
 
 // binaryExecutor returns the executor of one binary operation.

@@ -6,6 +6,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/backends/compute/internal/broadcast"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
@@ -47,7 +48,7 @@ func planReduce(dims, axes []int) (plan reducePlan, ok bool) {
 	if last-first+1 != len(axes) {
 		return plan, false // A hole between reduced axes.
 	}
-	plan.before, plan.reduced, plan.after = product(dims[:first]), product(dims[first:last+1]), product(dims[last+1:])
+	plan.before, plan.reduced, plan.after = broadcast.Product(dims[:first]), broadcast.Product(dims[first:last+1]), broadcast.Product(dims[last+1:])
 	return plan, true
 }
 

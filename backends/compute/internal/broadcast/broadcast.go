@@ -1,0 +1,81 @@
+// Package broadcast recognises the broadcasts that element-wise loops can run without materialising
+// them: an operand whose axes of size > 1 form one contiguous run of the output's axes.
+package broadcast
+
+// Pattern is how a small operand spans a contiguous run of the output's axes (size 1 elsewhere): with the
+// output's elements indexed as (p, m, q) over the axes before, within and after that run, output element
+// (p, m, q) pairs with the small operand's element m. A channels-last bias has After = 1 (the small operand
+// repeats whole), a per-example scale Before = 1, a channels-first bias all three.
+type Pattern struct {
+	Before, Within, After int
+}
+
+// Of returns the pattern of small (dimensions) against output (dimensions of the same rank); ok is false
+// when small is not a broadcast of that form (a dimension neither 1 nor the output's, or a hole: a
+// dimension of 1 between two that are not).
+func Of(small, output []int) (pattern Pattern, ok bool) {
+	if len(small) != len(output) {
+		return pattern, false
+	}
+	first, last := -1, -1 // The small operand's first and last axes of size > 1.
+	for axis, dim := range small {
+		switch dim {
+		case output[axis]:
+			if dim > 1 {
+				if first < 0 {
+					first = axis
+				}
+				last = axis
+			}
+		case 1:
+		default:
+			return pattern, false
+		}
+	}
+	if first < 0 {
+		// A single value: the whole output is one run of it.
+		return Pattern{Before: 1, Within: 1, After: Product(output)}, true
+	}
+	for axis := first; axis <= last; axis++ {
+		if small[axis] != output[axis] {
+			return pattern, false // A hole: the small operand does not span a contiguous run.
+		}
+	}
+	return Pattern{Before: Product(output[:first]), Within: Product(output[first : last+1]),
+		After: Product(output[last+1:])}, true
+}
+
+// Index is the small operand's element that output element i pairs with.
+func (p Pattern) Index(i int) int { return (i / p.After) % p.Within }
+
+// Expand writes into dst the small operand's values for output elements [from, from+len(dst)).
+func Expand[T any](p Pattern, dst []T, small []T, from int) {
+	small = small[:p.Within]
+	if p.After == 1 {
+		// The small operand repeats whole: copy runs of it.
+		m := from % p.Within
+		for len(dst) > 0 {
+			n := copy(dst, small[m:])
+			dst, m = dst[n:], 0
+		}
+		return
+	}
+	// Each small element spans After consecutive output elements: fill runs.
+	for len(dst) > 0 {
+		v := small[(from/p.After)%p.Within]
+		n := min(len(dst), p.After-from%p.After)
+		for i := range dst[:n] {
+			dst[i] = v
+		}
+		dst, from = dst[n:], from+n
+	}
+}
+
+// Product is the number of elements of dims.
+func Product(dims []int) int {
+	p := 1
+	for _, d := range dims {
+		p *= d
+	}
+	return p
+}

@@ -1,0 +1,52 @@
+package broadcast
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestOf(t *testing.T) {
+	tests := []struct {
+		name          string
+		small, output []int
+		want          Pattern
+		ok            bool
+	}{
+		{"channels-last bias", []int{1, 1, 1, 16}, []int{8, 5, 5, 16}, Pattern{200, 16, 1}, true},
+		{"per-row scale", []int{37, 1}, []int{37, 129}, Pattern{1, 37, 129}, true},
+		{"channels-first bias", []int{1, 7, 1, 1}, []int{3, 7, 9, 11}, Pattern{3, 7, 99}, true},
+		{"a single value", []int{1, 1}, []int{4, 5}, Pattern{1, 1, 20}, true},
+		{"the same shape", []int{4, 5}, []int{4, 5}, Pattern{1, 20, 1}, true},
+		{"a hole", []int{3, 1, 5}, []int{3, 4, 5}, Pattern{}, false},
+		{"another size", []int{2, 5}, []int{4, 5}, Pattern{}, false},
+		{"another rank", []int{5}, []int{4, 5}, Pattern{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := Of(tt.small, tt.output)
+		assert.Equal(t, tt.ok, ok, tt.name)
+		assert.Equal(t, tt.want, got, tt.name)
+	}
+}
+
+// TestExpand checks Expand against Index for every window of an output, both kinds of pattern.
+func TestExpand(t *testing.T) {
+	for _, p := range []Pattern{{3, 4, 1}, {2, 3, 5}, {1, 1, 7}, {4, 2, 3}} {
+		small := make([]int, p.Within)
+		for i := range small {
+			small[i] = 100 + i
+		}
+		size := p.Before * p.Within * p.After
+		for from := range size {
+			for n := 0; from+n <= size; n++ {
+				got := make([]int, n)
+				Expand(p, got, small, from)
+				for i, v := range got {
+					if !assert.Equal(t, small[p.Index(from+i)], v, "pattern %+v from %d element %d", p, from, i) {
+						return
+					}
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,138 @@
+package vec32
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+//go:generate go run ./asmgen -out vec32_amd64.s
+
+// accelerated is whether the assembly runs: it needs AVX2 (and the operating system's support for its
+// registers, which cpu checks). Tests turn it off to run the Go loops on the same inputs.
+var accelerated = cpu.X86.HasAVX2
+
+// The assembly kernels (vec32_amd64.s) each process n elements, n a multiple of 8.
+type (
+	vvKernel     func(dst, a, b *float32, n int)
+	vsKernel     func(dst, a *float32, s float32, n int)
+	unaryKernel  func(dst, a *float32, n int)
+	selectKernel func(dst, cond, onTrue, onFalse *float32, n int)
+)
+
+var (
+	vvKernels = [numOps]vvKernel{addVV, subVV, mulVV, divVV, maxVV, minVV, eqVV, neVV, ltVV, leVV, gtVV, geVV}
+	vsKernels = [numOps]vsKernel{addVS, subVS, mulVS, divVS, maxVS, minVS, eqVS, neVS, ltVS, leVS, gtVS, geVS}
+	// svKernels are s op a for the operations that have no swapped form.
+	svKernels = [numOps]vsKernel{Sub: subSV, Div: divSV}
+	// Exp has its own kernel: see expAccel.
+	unaryKernels = [numUnary]unaryKernel{Neg: negV, Abs: absV, Sqrt: sqrtV, Erf: erfV}
+)
+
+// whole is the part of n the kernels take: a multiple of 8.
+func whole(n int) int { return n &^ 7 }
+
+func binaryAccel(op Op, dst, a, b []float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	vvKernels[op](unsafe.SliceData(dst), unsafe.SliceData(a), unsafe.SliceData(b), n)
+	return n
+}
+
+func binaryScalarAccel(op Op, dst, a []float32, s float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	vsKernels[op](unsafe.SliceData(dst), unsafe.SliceData(a), s, n)
+	return n
+}
+
+func scalarBinaryAccel(op Op, dst []float32, s float32, a []float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 || svKernels[op] == nil {
+		return 0
+	}
+	svKernels[op](unsafe.SliceData(dst), unsafe.SliceData(a), s, n)
+	return n
+}
+
+func unaryAccel(u Unary, dst, a []float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	if u == Exp {
+		expAccel(dst[:n], a[:n])
+		return n
+	}
+	unaryKernels[u](unsafe.SliceData(dst), unsafe.SliceData(a), n)
+	return n
+}
+
+// expAccel runs the Exp kernel, which computes every lane but the rare subnormal results (x in
+// [expZero, expSubnormal)): it leaves x itself there, a negative value no result of exp can be, and reports
+// that it met one. Those lanes are then computed exactly from the x left in dst, which also works in place.
+func expAccel(dst, a []float32) {
+	if expV(unsafe.SliceData(dst), unsafe.SliceData(a), len(dst)) == 0 {
+		return
+	}
+	for i, v := range dst {
+		if v < 0 {
+			dst[i] = expOutside(v)
+		}
+	}
+}
+
+func selectAccel(dst, cond, onTrue, onFalse []float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	selectV(unsafe.SliceData(dst), unsafe.SliceData(cond), unsafe.SliceData(onTrue), unsafe.SliceData(onFalse), n)
+	return n
+}
+
+// Declared in vec32_amd64.s.
+
+func addVV(dst, a, b *float32, n int)
+func subVV(dst, a, b *float32, n int)
+func mulVV(dst, a, b *float32, n int)
+func divVV(dst, a, b *float32, n int)
+func maxVV(dst, a, b *float32, n int)
+func minVV(dst, a, b *float32, n int)
+func eqVV(dst, a, b *float32, n int)
+func neVV(dst, a, b *float32, n int)
+func ltVV(dst, a, b *float32, n int)
+func leVV(dst, a, b *float32, n int)
+func gtVV(dst, a, b *float32, n int)
+func geVV(dst, a, b *float32, n int)
+
+func addVS(dst, a *float32, s float32, n int)
+func subVS(dst, a *float32, s float32, n int)
+func mulVS(dst, a *float32, s float32, n int)
+func divVS(dst, a *float32, s float32, n int)
+func maxVS(dst, a *float32, s float32, n int)
+func minVS(dst, a *float32, s float32, n int)
+func eqVS(dst, a *float32, s float32, n int)
+func neVS(dst, a *float32, s float32, n int)
+func ltVS(dst, a *float32, s float32, n int)
+func leVS(dst, a *float32, s float32, n int)
+func gtVS(dst, a *float32, s float32, n int)
+func geVS(dst, a *float32, s float32, n int)
+
+func subSV(dst, a *float32, s float32, n int)
+func divSV(dst, a *float32, s float32, n int)
+
+func negV(dst, a *float32, n int)
+func absV(dst, a *float32, n int)
+func sqrtV(dst, a *float32, n int)
+func erfV(dst, a *float32, n int)
+
+// expV computes e^x for n elements and returns non-zero when some x was in [expZero, expSubnormal), whose
+// lane it left holding x.
+func expV(dst, a *float32, n int) (subnormal int)
+
+func selectV(dst, cond, onTrue, onFalse *float32, n int)

@@ -1,0 +1,12 @@
+//go:build !amd64
+
+package vec32
+
+// Without assembly every loop is generic.go's.
+var accelerated = false
+
+func binaryAccel(Op, []float32, []float32, []float32) int        { return 0 }
+func binaryScalarAccel(Op, []float32, []float32, float32) int    { return 0 }
+func scalarBinaryAccel(Op, []float32, float32, []float32) int    { return 0 }
+func unaryAccel(Unary, []float32, []float32) int                 { return 0 }
+func selectAccel([]float32, []float32, []float32, []float32) int { return 0 }
