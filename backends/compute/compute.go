@@ -16,6 +16,7 @@ import (
 	"github.com/goaccel/goaccel/backends/compute/convgrad"
 	"github.com/goaccel/goaccel/backends/compute/convkernel"
 	"github.com/goaccel/goaccel/backends/compute/elementwise"
+	"github.com/goaccel/goaccel/backends/compute/fusion"
 )
 
 // Config selects the GoMLX compute backend.
@@ -186,10 +187,13 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 		} else {
 			backend = convkernel.Extend(backend)
 		}
-		// Outermost, so that it sees every binary operation the graph builds: a broadcast single value (ReLU's
-		// zeros, an optimizer's scalars) or a broadcast that only inserts axes (biases, LayerNorm's statistics)
-		// is passed as it is, and never materialised.
+		// So that it sees every binary operation the graph builds: a broadcast single value (ReLU's zeros, an
+		// optimizer's scalars) or a broadcast that only inserts axes (biases, LayerNorm's statistics) is
+		// passed as it is, and never materialised.
 		backend = elementwise.Extend(backend)
+		// Outermost: its Compile sees the whole graph, after every other wrapper built its nodes, and runs
+		// each chain of element-wise operations as one node.
+		backend = fusion.Extend(backend)
 	}
 	return backend, nil
 }

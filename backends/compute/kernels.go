@@ -11,7 +11,9 @@ import (
 	"github.com/goaccel/goaccel/backends/compute/convgrad"
 	"github.com/goaccel/goaccel/backends/compute/convkernel"
 	"github.com/goaccel/goaccel/backends/compute/elementwise"
+	"github.com/goaccel/goaccel/backends/compute/fusion"
 	"github.com/goaccel/goaccel/backends/compute/gemmgrad"
+	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
 )
 
 // Environment variables that choose how the pure-Go backend computes. Both exist for comparisons (the
@@ -59,6 +61,9 @@ type Kernels struct {
 	Ops string
 	// Convolutions describes how the pure-Go backend convolves and pools (see ConvEnvVar).
 	Convolutions string
+	// Elementwise describes how the pure-Go backend runs element-wise operations: chains fused into single
+	// passes (package fusion), and whether its loops are AVX2 assembly or Go.
+	Elementwise string
 }
 
 var (
@@ -92,6 +97,17 @@ func CurrentKernels() Kernels {
 		k.Convolutions = "im2col + gemm executors"
 	case convgrad.CurrentForm() == convgrad.AsSlices:
 		k.Convolutions = "lowered to slices and dots in the graph"
+	}
+	loops := "Go loops (no AVX2 on this processor)"
+	if vec32.Accelerated() {
+		loops = "AVX2 loops"
+	}
+	k.Elementwise = "one operation at a time (GoMLX's loops)"
+	switch {
+	case fusion.Installed():
+		k.Elementwise = "chains of operations fused into single passes, " + loops
+	case elementwise.Installed():
+		k.Elementwise = "one operation at a time, " + loops
 	}
 	opsMu.Lock()
 	k.Ops = opsSchedule
@@ -129,8 +145,13 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 	default:
 		return fmt.Errorf("compute: %s=%q: want gemm or gomlx", GradientsEnvVar, g)
 	}
-	// Element-wise broadcasts and Sign give simplego's own results, only faster: always on.
+	// Element-wise broadcasts and Sign give simplego's own results, only faster: always on. Fusion computes
+	// the same operations as those executors, chain by chain: on too, installed after them so that its
+	// executors fall back on theirs for the nodes it did not fuse.
 	if err := elementwise.Install(); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
+	if err := fusion.Install(); err != nil {
 		return fmt.Errorf("compute: %w", err)
 	}
 	if form == convgrad.AsConvolutions {

@@ -173,6 +173,7 @@ func Example_env() {
 	// Matmul threads
 	// Operations
 	// Convolutions
+	// Element-wise
 	// Environment
 }
 
@@ -209,6 +210,8 @@ func TestEnvReportsKernels(t *testing.T) {
 	assert.Equal(t, "lowered to slices and dots in the graph", report()["Convolutions"])
 	t.Setenv(compute.ConvEnvVar, "")
 	assert.Equal(t, "im2col + gemm executors", report()["Convolutions"], "the default comes back")
+	assert.True(t, strings.HasPrefix(report()["Element-wise"], "chains of operations fused into single passes, "),
+		report()["Element-wise"])
 }
 
 // TestLaunchProgramThatCannotRun: a missing or non-executable program gets a shell's exit code (127, 126)

@@ -51,10 +51,13 @@ var (
 	// concurrently with executions: simplego reads the table without synchronisation).
 	executorsMu sync.Mutex
 	// nodeDataOffset and nodeShapeOffset are the offsets of simplego.Node's `data any` and
-	// `shape shapes.Shape` fields, set by CheckSimplegoLayout.
-	nodeDataOffset, nodeShapeOffset uintptr
-	layoutOnce                      sync.Once
-	layoutErr                       error
+	// `shape shapes.Shape` fields, set by CheckSimplegoLayout; nodeInputsOffset, nodeOpTypeOffset and
+	// nodeMultiOutputOffset those of `inputs []*Node`, `opType backends.OpType` and
+	// `multiOutputsShapes []shapes.Shape`, which the graph rewriting of package fusion reads and writes.
+	nodeDataOffset, nodeShapeOffset                           uintptr
+	nodeInputsOffset, nodeOpTypeOffset, nodeMultiOutputOffset uintptr
+	layoutOnce                                                sync.Once
+	layoutErr                                                 error
 )
 
 // CheckSimplegoLayout verifies that simplego.Node still has the `data any` field this package reads and
@@ -81,6 +84,23 @@ func CheckSimplegoLayout() error {
 			return
 		}
 		nodeShapeOffset = shapeField.Offset
+		for _, f := range []struct {
+			name   string
+			typ    reflect.Type
+			offset *uintptr
+		}{
+			{"inputs", reflect.TypeFor[[]*simplego.Node](), &nodeInputsOffset},
+			{"opType", reflect.TypeFor[backends.OpType](), &nodeOpTypeOffset},
+			{"multiOutputsShapes", reflect.TypeFor[[]shapes.Shape](), &nodeMultiOutputOffset},
+		} {
+			field, found := reflect.TypeFor[simplego.Node]().FieldByName(f.name)
+			if !found || field.Type != f.typ {
+				layoutErr = fmt.Errorf("simplego.Node has no field %q of type %s (GoMLX internals changed; written "+
+					"against GoMLX v0.26.0)", f.name, f.typ)
+				return
+			}
+			*f.offset = field.Offset
+		}
 	})
 	return layoutErr
 }
@@ -162,6 +182,46 @@ func NodeShape(node *simplego.Node) (shapes.Shape, bool) {
 		return shapes.Shape{}, false
 	}
 	return *(*shapes.Shape)(unsafe.Add(unsafe.Pointer(node), nodeShapeOffset)), true
+}
+
+// NodeInputs returns the node's inputs: the nodes whose results it reads, in order. The slice is the
+// node's own: callers must not modify it.
+func NodeInputs(node *simplego.Node) []*simplego.Node {
+	if CheckSimplegoLayout() != nil {
+		return nil
+	}
+	return *(*[]*simplego.Node)(unsafe.Add(unsafe.Pointer(node), nodeInputsOffset))
+}
+
+// NodeOpType returns the node's op type, and false when the internals changed.
+func NodeOpType(node *simplego.Node) (backends.OpType, bool) {
+	if CheckSimplegoLayout() != nil {
+		return backends.OpTypeInvalid, false
+	}
+	return *(*backends.OpType)(unsafe.Add(unsafe.Pointer(node), nodeOpTypeOffset)), true
+}
+
+// NodeHasMultipleOutputs reports whether the node is one of simplego's multi-output nodes, whose results
+// are read through selection nodes.
+func NodeHasMultipleOutputs(node *simplego.Node) bool {
+	if CheckSimplegoLayout() != nil {
+		return true
+	}
+	return len(*(*[]shapes.Shape)(unsafe.Add(unsafe.Pointer(node), nodeMultiOutputOffset))) > 0
+}
+
+// Rewrite replaces a node's op type, inputs and parameters, keeping its shape and its place in the graph:
+// a compiler pass's rewriting of a node that has not been compiled yet. The executor installed for opType
+// must understand data (see ExecutorPatch). Every input must come before node in its builder, as simplego
+// executes nodes in the order they were built.
+func Rewrite(node *simplego.Node, opType backends.OpType, inputs []*simplego.Node, data any) error {
+	if err := CheckSimplegoLayout(); err != nil {
+		return err
+	}
+	*(*backends.OpType)(unsafe.Add(unsafe.Pointer(node), nodeOpTypeOffset)) = opType
+	*(*[]*simplego.Node)(unsafe.Add(unsafe.Pointer(node), nodeInputsOffset)) = inputs
+	*(*any)(unsafe.Add(unsafe.Pointer(node), nodeDataOffset)) = data
+	return nil
 }
 
 // NewNode adds a node of opType with the given output shape and inputs to builder, holding data as its
