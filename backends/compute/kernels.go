@@ -13,6 +13,7 @@ import (
 	"github.com/goaccel/goaccel/backends/compute/elementwise"
 	"github.com/goaccel/goaccel/backends/compute/fusion"
 	"github.com/goaccel/goaccel/backends/compute/gemmgrad"
+	"github.com/goaccel/goaccel/backends/compute/internal/threads"
 	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
 )
 
@@ -161,17 +162,18 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 	} else {
 		convkernel.Uninstall()
 	}
+	budget, err := threadBudget(cfg)
+	if err != nil {
+		return err
+	}
+	threads.Set(budget)
 	switch m := cfg.Matmul; m {
 	case "", "blas":
 		if !blas.Built && m == "blas" {
 			return fmt.Errorf("compute: %s=blas but this binary was built without BLAS: rebuild with "+
 				"`-tags blas` (needs libopenblas-dev)", MatmulEnvVar)
 		}
-		threads, err := threadBudget(cfg)
-		if err != nil {
-			return err
-		}
-		if err := blas.Install(threads); err != nil {
+		if err := blas.Install(budget); err != nil {
 			return fmt.Errorf("compute: %w", err)
 		}
 	case "go":

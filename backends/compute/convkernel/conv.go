@@ -197,17 +197,25 @@ func runConvGeneral(backend *simplego.Backend, node *simplego.Node, inputs []*si
 	}
 	switch dtype {
 	case dtypes.Float32:
-		convolve(plan, inputFlat.([]float32), kernelFlat.([]float32), outputFlat.([]float32), &scratch32)
+		convolve(plan, inputFlat.([]float32), kernelFlat.([]float32), outputFlat.([]float32), &scratch32,
+			canRunDirect(plan))
 	case dtypes.Float64:
-		convolve(plan, inputFlat.([]float64), kernelFlat.([]float64), outputFlat.([]float64), &scratch64)
+		convolve(plan, inputFlat.([]float64), kernelFlat.([]float64), outputFlat.([]float64), &scratch64, false)
 	}
 	convCalls.Add(1)
 	return output, true, nil
 }
 
 // convolve computes output (in the node's layout) from input and kernel (in theirs): operands moved to
-// canonical order where they are not, the patches packed into a reused buffer, one gemm.
-func convolve[T float32 | float64](p *convPlan, input, kernel, output []T, pool *scratchPool[T]) {
+// canonical order where they are not, then either the product of the patches with the kernel computed
+// directly on the float32 micro-kernel (direct, see convolveDirect), or the patches packed into a reused
+// buffer and one gemm.
+func convolve[T float32 | float64](p *convPlan, input, kernel, output []T, pool *scratchPool[T], direct bool) {
+	if p.dual && direct {
+		convolveDirectDual(p, any(input).([]float32), any(kernel).([]float32), any(output).([]float32),
+			any(pool).(*scratchPool[float32]))
+		return
+	}
 	if p.dual {
 		patches := pool.get(p.rows() * p.patchLength())
 		defer pool.put(patches)
@@ -227,6 +235,19 @@ func convolve[T float32 | float64](p *convPlan, input, kernel, output []T, pool 
 		defer pool.put(canonical)
 		blas.TransposeInto(canonical, kernel, p.kernelDims, p.kernelPerm)
 		kernel = canonical
+	}
+	if direct {
+		product := output
+		if p.outputPerm != nil {
+			product = pool.get(len(output))
+			defer pool.put(product)
+		}
+		convolveDirect(p, any(input).([]float32), any(kernel).([]float32), any(product).([]float32),
+			any(pool).(*scratchPool[float32]))
+		if p.outputPerm != nil {
+			blas.TransposeInto(output, product, p.canonicalOutput(), p.outputPerm)
+		}
+		return
 	}
 	patches := input
 	if !p.isPointwise() {

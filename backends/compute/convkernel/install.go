@@ -14,8 +14,11 @@ import (
 // Counts says how many operations each path computed since the process started; tests use it to check
 // that the kernels really ran.
 type Counts struct {
-	// Convolutions ran as im2col + gemm.
+	// Convolutions ran as im2col + gemm, or directly (see DirectConvolutions).
 	Convolutions uint64
+	// DirectConvolutions are the Convolutions that ran on the float32 micro-kernel, reading the padded input
+	// in place of im2col's patches.
+	DirectConvolutions uint64
 	// ConvolutionFallbacks ran on simplego's own ConvGeneral: channel or batch grouping, or a dtype other
 	// than float32 and float64.
 	ConvolutionFallbacks uint64
@@ -27,12 +30,13 @@ type Counts struct {
 	PoolFallbacks uint64
 }
 
-var convCalls, convFallbacks, poolCalls, poolFallbacks, scatterCalls atomic.Uint64
+var convCalls, directConvCalls, convFallbacks, poolCalls, poolFallbacks, scatterCalls atomic.Uint64
 
 // Calls returns the operations computed by each path so far.
 func Calls() Counts {
-	return Counts{Convolutions: convCalls.Load(), ConvolutionFallbacks: convFallbacks.Load(),
-		Pools: poolCalls.Load(), PoolFallbacks: poolFallbacks.Load(), Scatters: scatterCalls.Load()}
+	return Counts{Convolutions: convCalls.Load(), DirectConvolutions: directConvCalls.Load(),
+		ConvolutionFallbacks: convFallbacks.Load(),
+		Pools:                poolCalls.Load(), PoolFallbacks: poolFallbacks.Load(), Scatters: scatterCalls.Load()}
 }
 
 var (

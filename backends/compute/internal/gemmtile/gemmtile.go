@@ -1,0 +1,78 @@
+// Package gemmtile holds the float32 matrix-multiply micro-kernel that goaccel's convolutions (and, without
+// OpenBLAS, its matrix products) run on: one call computes a tile of 6 rows × 16 (or 8) columns of
+//
+//	C[i][j] (+)= Σ_k A_i[offsets[k]] · B[k·ldb + j]
+//
+// where each of the six A rows is a base pointer and offsets[k] says where its k-th element is. With
+// offsets 0, 1, 2, … and rows lda apart that is a plain matrix product; with the offsets of a convolution's
+// window (kernel rows and columns, input channels) and rows at the output positions' corners, it is the
+// convolution itself, read straight from the (padded) input, with no im2col matrix in between. The kernel
+// keeps the 6×16 tile in twelve AVX2 registers and streams A and B: at 2 fused multiply-adds per cycle it
+// needs no packing, since every element of B it loads feeds six rows.
+//
+// The assembly runs on amd64 processors with AVX2 and FMA (Accelerated); the Go loop of the same sums is the
+// reference the tests hold it to, within the rounding of fused multiply-adds.
+package gemmtile
+
+import (
+	"unsafe"
+)
+
+// Rows is the number of rows of a tile.
+const Rows = 6
+
+// Tile computes a tile of C: c[i·ldc + j] for i < Rows and j < width (16 or 8), as the sum over k < len(offsets)
+// of rows[i][offsets[k]] · b[k·ldb + j], added to what c holds when accumulate is set, else written over it.
+//
+// The caller guarantees that every rows[i][offsets[k]] and b[k·ldb + j] lies inside the memory the pointers
+// and slices refer to: the kernel does not check.
+func Tile(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []float32, ldb, width int, accumulate bool) {
+	if len(offsets) > 0 {
+		_ = b[(len(offsets)-1)*ldb+width-1]
+	}
+	_ = c[(Rows-1)*ldc+width-1]
+	acc := 0
+	if accumulate {
+		acc = 1
+	}
+	var offs *int32
+	if len(offsets) > 0 {
+		offs = &offsets[0]
+	}
+	if accelerated {
+		switch width {
+		case 16:
+			tile6x16(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
+			return
+		case 8:
+			tile6x8(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
+			return
+		}
+	}
+	tileGo(c, ldc, rows, offsets, b, ldb, width, accumulate)
+}
+
+// tileGo is Tile in Go: the reference, and what runs without AVX2 or for other widths.
+func tileGo(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []float32, ldb, width int, accumulate bool) {
+	for i, row := range rows {
+		for j := range width {
+			var sum float32
+			for k, off := range offsets {
+				sum += at(row, off) * b[k*ldb+j]
+			}
+			if accumulate {
+				c[i*ldc+j] += sum
+			} else {
+				c[i*ldc+j] = sum
+			}
+		}
+	}
+}
+
+// Accelerated reports whether the assembly kernel runs on this machine.
+func Accelerated() bool { return accelerated }
+
+// at is row's element at offset.
+func at(row *float32, offset int32) float32 {
+	return *(*float32)(unsafe.Add(unsafe.Pointer(row), 4*int(offset)))
+}

@@ -1,0 +1,14 @@
+//go:build !amd64
+
+package gemmtile
+
+// Without assembly Tile runs tileGo.
+var accelerated = false
+
+func tile6x16(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
+	panic("gemmtile: no assembly on this architecture")
+}
+
+func tile6x8(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
+	panic("gemmtile: no assembly on this architecture")
+}
