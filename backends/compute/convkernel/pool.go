@@ -11,6 +11,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
+	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
 )
 
 // reduceWindowParams mirrors simplego's unexported reduceWindowNode, the data of a ReduceWindow node.
@@ -427,6 +428,18 @@ func reduceRun4[T float32 | float64](selectMax bool, operand []T, offsets []int,
 	n := len(out)
 	a, b := operand[offsets[0]:offsets[0]+n], operand[offsets[1]:offsets[1]+n]
 	c, d := operand[offsets[2]:offsets[2]+n], operand[offsets[3]:offsets[3]+n]
+	if out32, ok := any(out).([]float32); ok && vec32.Accelerated() {
+		// Three vectorised passes over a run that stays in the first-level cache: the same max (or min)
+		// operations, in the same order.
+		op := vec32.Max
+		if !selectMax {
+			op = vec32.Min
+		}
+		vec32.Binary(op, out32, any(a).([]float32), any(b).([]float32))
+		vec32.Binary(op, out32, out32, any(c).([]float32))
+		vec32.Binary(op, out32, out32, any(d).([]float32))
+		return
+	}
 	if selectMax {
 		for j := range out {
 			out[j] = max(max(max(a[j], b[j]), c[j]), d[j])
@@ -446,7 +459,14 @@ func selectAndScatterRun4[T float32 | float64](sign T, operand []T, offsets []in
 	c, d := operand[offsets[2]:offsets[2]+n], operand[offsets[3]:offsets[3]+n]
 	outA, outB := output[offsets[0]:offsets[0]+n], output[offsets[1]:offsets[1]+n]
 	outC, outD := output[offsets[2]:offsets[2]+n], output[offsets[3]:offsets[3]+n]
-	for j, value := range source {
+	done := 0
+	if source32, ok := any(source).([]float32); ok {
+		f32 := func(x []T) []float32 { return any(x).([]float32) }
+		done = vec32.Scatter4Prefix(float32(sign), f32(outA), f32(outB), f32(outC), f32(outD), f32(a), f32(b), f32(c),
+			f32(d), source32)
+	}
+	for j := done; j < n; j++ {
+		value := source[j]
 		best, chosen := sign*a[j], 0
 		v := sign * b[j]
 		chosen = pickInt(v > best, 1, chosen)

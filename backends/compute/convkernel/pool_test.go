@@ -141,7 +141,14 @@ func TestPoolGradientsOnExtendedBackend(t *testing.T) {
 // propagates NaN, and the gradient goes to the window's first best position before any NaN, as in the
 // general loop.
 func TestChannelsLast2x2Runs(t *testing.T) {
-	dims := []int{2, 4, 6, 5} // batch, height, width, channels
+	// batch, height, width, channels: runs shorter than the vectorised loops' 8 lanes, and longer ones
+	// with a tail.
+	for _, dims := range [][]int{{2, 4, 6, 5}, {3, 6, 10, 16}, {1, 4, 14, 3}} {
+		t.Run(fmt.Sprint(dims), func(t *testing.T) { checkChannelsLast2x2Runs(t, dims) })
+	}
+}
+
+func checkChannelsLast2x2Runs(t *testing.T, dims []int) {
 	tests := []struct {
 		name      string
 		strides   []int
@@ -160,8 +167,11 @@ func TestChannelsLast2x2Runs(t *testing.T) {
 			operand := make([]float32, product(dims))
 			for i := range operand {
 				operand[i] = float32(rng.IntN(3))
-				if rng.IntN(17) == 0 {
+				switch rng.IntN(17) {
+				case 0:
 					operand[i] = float32(math.NaN())
+				case 1:
+					operand[i] = float32(math.Copysign(0, -1)) // ties with +0 the max rule must break as Go does
 				}
 			}
 			reduction := backends.ReduceOpMax

@@ -8,13 +8,15 @@ import (
 
 	"github.com/goaccel/goaccel/backends/compute/internal/broadcast"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
+	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
 )
 
 // reduceOps are the reductions Install speeds up when their axes are contiguous: simplego maps every
 // operand element to its output through a per-element iterator; with the operand seen as
 // [before, reduced, after], the reduction is a run of sums (after = 1: softmax's and layer norm's last
 // axis) or of row accumulations (bias gradients over the batch and spatial axes). The order in which
-// each output accumulates its inputs is simplego's, so sums are bitwise the same.
+// each output accumulates its inputs is simplego's, so sums are bitwise the same — except float32 sums
+// over a run of 32 elements or more along the last axes, which reduce32 folds into 32 running sums.
 var reduceOps = []backends.OpType{backends.OpTypeReduceSum, backends.OpTypeReduceMax, backends.OpTypeReduceMin}
 
 var reduceCalls atomicCounter
@@ -97,6 +99,10 @@ func runReduce(opType backends.OpType, backend *simplego.Backend, node *simplego
 }
 
 func reduce[T float32 | float64](opType backends.OpType, plan reducePlan, in, out []T) {
+	if in32, ok := any(in).([]float32); ok {
+		reduce32(opType, plan, in32, any(out).([]float32))
+		return
+	}
 	switch opType {
 	case backends.OpTypeReduceSum:
 		reduceSum(plan, in, out)
@@ -169,6 +175,45 @@ func reduceSum[T float32 | float64](plan reducePlan, in, out []T) {
 			for i := range row {
 				row[i] += from[i]
 			}
+		}
+	}
+}
+
+// reduce32 is reduce in float32 on vec32's loops. Row accumulations (after > 1: bias gradients) add each
+// row in operand order, as the Go loops do. Runs (after = 1: softmax's and layer norm's last axis) fold into
+// 32 running values combined pairwise (vec32.Sum): for sums of 32 or more elements that is another order
+// than simplego's single running sum, and a more accurate one; maxima and minima do not depend on the order.
+func reduce32(opType backends.OpType, plan reducePlan, in, out []float32) {
+	reduced, after := plan.reduced, plan.after
+	op, initial := vec32.Add, float32(0)
+	switch opType {
+	case backends.OpTypeReduceMax:
+		op, initial = vec32.Max, identityOf[float32](true)
+	case backends.OpTypeReduceMin:
+		op, initial = vec32.Min, identityOf[float32](false)
+	}
+	if after == 1 {
+		for b := range plan.before {
+			run := in[b*reduced : (b+1)*reduced]
+			switch opType {
+			case backends.OpTypeReduceSum:
+				out[b] = vec32.Sum(run)
+			case backends.OpTypeReduceMax:
+				out[b] = vec32.MaxOf(run, initial)
+			default:
+				out[b] = vec32.MinOf(run, initial)
+			}
+		}
+		return
+	}
+	for b := range plan.before {
+		row := out[b*after : (b+1)*after]
+		for i := range row {
+			row[i] = initial
+		}
+		for r := range reduced {
+			at := (b*reduced + r) * after
+			vec32.Binary(op, row, row, in[at:at+after])
 		}
 	}
 }

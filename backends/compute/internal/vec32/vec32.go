@@ -129,3 +129,12 @@ func Select(dst, cond, onTrue, onFalse []float32) {
 
 // Accelerated reports whether the assembly loops run on this machine (amd64 with AVX2).
 func Accelerated() bool { return accelerated }
+
+// Scatter4Prefix is the part of max (sign 1) or min (sign −1) pooling's gradient over 2×2 windows that the
+// assembly does: for the four runs a, b, c, d of the windows' positions, it writes source[j] into the output
+// run of each window's first extreme position (comparing sign·value, with Go's max for the running extreme)
+// and +0 into the other three, for the first len(source) rounded down to a multiple of 8 elements, and
+// returns how many it did (0 without AVX2). The caller computes the rest, which the tests hold it to.
+func Scatter4Prefix(sign float32, outA, outB, outC, outD, a, b, c, d, source []float32) int {
+	return scatter4Accel(sign, outA, outB, outC, outD, a, b, c, d, source)
+}

@@ -136,3 +136,38 @@ func erfV(dst, a *float32, n int)
 func expV(dst, a *float32, n int) (subnormal int)
 
 func selectV(dst, cond, onTrue, onFalse *float32, n int)
+
+func scatter4Accel(sign float32, outA, outB, outC, outD, a, b, c, d, source []float32) int {
+	n := whole(len(source))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	for _, run := range [][]float32{outA, outB, outC, outD, a, b, c, d} {
+		_ = run[n-1]
+	}
+	scatter4V(unsafe.SliceData(outA), unsafe.SliceData(outB), unsafe.SliceData(outC), unsafe.SliceData(outD),
+		unsafe.SliceData(a), unsafe.SliceData(b), unsafe.SliceData(c), unsafe.SliceData(d),
+		unsafe.SliceData(source), sign, n)
+	return n
+}
+
+func scatter4V(outA, outB, outC, outD, a, b, c, d, source *float32, s float32, n int)
+
+func foldAccel(f fold, x []float32, acc *[lanes]float32) bool {
+	if !accelerated {
+		return false
+	}
+	switch f {
+	case foldSum:
+		reduceSumV(&x[0], len(x), acc)
+	case foldMax:
+		reduceMaxV(&x[0], len(x), acc)
+	case foldMin:
+		reduceMinV(&x[0], len(x), acc)
+	}
+	return true
+}
+
+func reduceSumV(a *float32, n int, acc *[lanes]float32)
+func reduceMaxV(a *float32, n int, acc *[lanes]float32)
+func reduceMinV(a *float32, n int, acc *[lanes]float32)

@@ -10,3 +10,10 @@ func binaryScalarAccel(Op, []float32, []float32, float32) int    { return 0 }
 func scalarBinaryAccel(Op, []float32, float32, []float32) int    { return 0 }
 func unaryAccel(Unary, []float32, []float32) int                 { return 0 }
 func selectAccel([]float32, []float32, []float32, []float32) int { return 0 }
+
+func scatter4Accel(float32, []float32, []float32, []float32, []float32, []float32, []float32, []float32,
+	[]float32, []float32) int {
+	return 0
+}
+
+func foldAccel(fold, []float32, *[lanes]float32) bool { return false }

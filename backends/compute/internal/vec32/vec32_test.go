@@ -306,3 +306,35 @@ func BenchmarkKernels(b *testing.B) {
 		}
 	}
 }
+
+// TestReductions holds the assembly's folds to the Go loops bit for bit (NaN matching NaN), checks Sum
+// against float64 sums (it is more accurate than one running sum), and MaxOf/MinOf against Go's max/min
+// folded one by one.
+func TestReductions(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, n := range []int{0, 1, 31, 32, 33, 64, 100, 1000, 4099} {
+		x := inputs(rng, n)
+		finite := make([]float32, n)
+		for i := range finite {
+			finite[i] = float32(rng.NormFloat64())
+		}
+		var got, want [3]float32
+		run := func(out *[3]float32) {
+			out[0], out[1], out[2] = Sum(finite), MaxOf(x, -math.MaxFloat32), MinOf(x, math.MaxFloat32)
+		}
+		run(&got)
+		withGo(func() { run(&want) })
+		sameBits(t, want[:], got[:], "n=%d: assembly against Go", n)
+
+		var exact float64
+		for _, v := range finite {
+			exact += float64(v)
+		}
+		assert.InDelta(t, exact, float64(got[0]), 1e-6*float64(n+1), "n=%d: Sum", n)
+		maxOne, minOne := float32(-math.MaxFloat32), float32(math.MaxFloat32)
+		for _, v := range x {
+			maxOne, minOne = max(maxOne, v), min(minOne, v)
+		}
+		sameBits(t, []float32{maxOne, minOne}, got[1:], "n=%d: MaxOf and MinOf against one running value", n)
+	}
+}

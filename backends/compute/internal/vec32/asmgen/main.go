@@ -45,6 +45,10 @@ func Generate() []byte {
 	g.exp()
 	g.erf()
 	g.selectKernel()
+	g.scatter4()
+	g.reduction("reduceSumV", "")
+	g.reduction("reduceMaxV", "max")
+	g.reduction("reduceMinV", "min")
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -249,27 +253,36 @@ func (g *gen) emit(op binaryOp, ra, b string, scratch []string) string {
 		g.p("\t%s %s, %s, %s", op.simple, b, ra, ra)
 		return ra
 	case op.isMax || op.isMin:
-		// Go's max/min: NaN if either is NaN, and +0 > −0. VMAXPS/VMINPS return the second operand (b) when
-		// either is NaN or both are zero; so the lanes where a is NaN take a, and the lanes where a == b take
-		// a AND b (max: +0 when either is +0) or a OR b (min: −0 when either is −0), which is a itself for
-		// equal non-zero values.
-		r, eq, t := scratch[0], scratch[1], scratch[2]
-		instr, join := "VMAXPS", "VANDPS"
-		if op.isMin {
-			instr, join = "VMINPS", "VORPS"
-		}
-		g.p("\t%s %s, %s, %s", instr, b, ra, r)
-		g.p("\tVCMPPS $0x00, %s, %s, %s", b, ra, eq)
-		g.p("\t%s %s, %s, %s", join, b, ra, t)
-		g.p("\tVBLENDVPS %s, %s, %s, %s", eq, t, r, r)
-		g.p("\tVCMPPS $0x03, %s, %s, %s", ra, ra, eq)
-		g.p("\tVBLENDVPS %s, %s, %s, %s", eq, ra, r, r)
-		return r
+		return g.emitMaxMin(op.isMin, ra, b, scratch)
 	default:
 		g.p("\tVCMPPS $0x%02x, %s, %s, %s", op.predicate, b, ra, ra)
 		g.p("\tVANDPS Y14, %s, %s", ra, ra)
 		return ra
 	}
+}
+
+// emitMaxMin writes Go's max (or min) of a (a register) and b into the first scratch register and returns it:
+// NaN if either is NaN, and +0 > −0. VMAXPS/VMINPS return the second operand (b) when either is NaN or both
+// are zero; so the lanes where a is NaN take a, and the lanes where a == b take a AND b (max: +0 when either
+// is +0) or a OR b (min: −0 when either is −0), which is a itself for equal non-zero values.
+func (g *gen) emitMaxMin(isMin bool, a, b string, scratch []string) string {
+	r, eq, t := scratch[0], scratch[1], scratch[2]
+	instr, join := "VMAXPS", "VANDPS"
+	if isMin {
+		instr, join = "VMINPS", "VORPS"
+	}
+	g.p("\t%s %s, %s, %s", instr, b, a, r)
+	g.p("\tVCMPPS $0x00, %s, %s, %s", b, a, eq)
+	g.p("\t%s %s, %s, %s", join, b, a, t)
+	g.p("\tVBLENDVPS %s, %s, %s, %s", eq, t, r, r)
+	g.p("\tVCMPPS $0x03, %s, %s, %s", a, a, eq)
+	g.p("\tVBLENDVPS %s, %s, %s, %s", eq, a, r, r)
+	return r
+}
+
+// emitMax is emitMaxMin for max.
+func (g *gen) emitMax(a, b string, scratch []string) string {
+	return g.emitMaxMin(false, a, b, scratch)
 }
 
 func (g *gen) onesSetup(op binaryOp) func() {
@@ -504,4 +517,102 @@ func (g *gen) selectKernel() {
 		g.p("\tVBLENDVPS %s, %s, %s, %s", m, mem("DI", off), t, t)
 		g.p("\tVMOVUPS %s, %s", t, mem("DX", off))
 	}, nil)
+}
+
+// scatter4: for four runs a, b, c, d (the four positions of 2×2 pooling windows, scaled by sign: +1 picks
+// the largest, −1 the smallest), out_X[j] = source[j] where X is the window's first extreme position, +0 at
+// the other three: Go's
+//
+//	best, chosen := s·a, 0
+//	chosen = s·b > best ? 1 : chosen; best = max(best, s·b)
+//	chosen = s·c > best ? 2 : chosen; best = max(best, s·c)
+//	chosen = s·d > best ? 3 : chosen
+//
+// with max's NaN and signed-zero rules. All runs are indexed by one register (BX).
+func (g *gen) scatter4() {
+	a := args{pointers: []string{"outA", "outB", "outC", "outD", "a", "b", "c", "d", "source"},
+		regs: []string{"R8", "R9", "R10", "R11", "R12", "R13", "SI", "DI", "DX"}, scalar: true}
+	size, nOffset := a.frame()
+	g.p("")
+	g.p("// func scatter4V(outA, outB, outC, outD, a, b, c, d, source *float32, s float32, n int)")
+	g.p("TEXT ·scatter4V(SB), NOSPLIT, $0-%d", size)
+	for i, ptr := range a.pointers {
+		g.p("\tMOVQ %s+%d(FP), %s", ptr, 8*i, a.regs[i])
+	}
+	g.p("\tVBROADCASTSS s+%d(FP), Y15", 8*len(a.pointers))
+	g.p("\tMOVQ n+%d(FP), CX", nOffset)
+	g.p("\tXORQ BX, BX")
+	g.p("loop:")
+	g.p("\tCMPQ BX, CX")
+	g.p("\tJGE done")
+	at := func(reg string) string { return fmt.Sprintf("(%s)(BX*4)", reg) }
+	g.p("\tVMULPS %s, Y15, Y0", at("R12")) // best = s·a
+	g.p("\tVMULPS %s, Y15, Y1", at("R13")) // s·b
+	g.p("\tVMULPS %s, Y15, Y2", at("SI"))  // s·c
+	g.p("\tVMULPS %s, Y15, Y3", at("DI"))  // s·d
+	maxInto := func(best, v string) {
+		r := g.emitMax(best, v, []string{"Y10", "Y11", "Y12"})
+		g.p("\tVMOVUPS %s, %s", r, best)
+	}
+	g.p("\tVCMPPS $0x1e, Y0, Y1, Y4") // c1: s·b > best
+	maxInto("Y0", "Y1")
+	g.p("\tVCMPPS $0x1e, Y0, Y2, Y7") // c2: s·c > best
+	maxInto("Y0", "Y2")
+	g.p("\tVCMPPS $0x1e, Y0, Y3, Y8") // c3: s·d > best
+	g.p("\tVMOVUPS %s, Y9", at("DX")) // the source value
+	g.p("\tVANDNPS Y7, Y8, Y10")      // m2 = c2 and not c3
+	g.p("\tVORPS Y7, Y8, Y11")        // c2 or c3
+	g.p("\tVORPS Y4, Y11, Y12")       // any
+	g.p("\tVANDNPS Y4, Y11, Y13")     // m1 = c1 and not (c2 or c3)
+	g.p("\tVANDNPS Y9, Y12, Y14")     // out A: none chose b, c or d
+	g.p("\tVMOVUPS Y14, %s", at("R8"))
+	g.p("\tVANDPS Y9, Y13, Y13")
+	g.p("\tVMOVUPS Y13, %s", at("R9"))
+	g.p("\tVANDPS Y9, Y10, Y10")
+	g.p("\tVMOVUPS Y10, %s", at("R10"))
+	g.p("\tVANDPS Y9, Y8, Y8")
+	g.p("\tVMOVUPS Y8, %s", at("R11"))
+	g.p("\tADDQ $8, BX")
+	g.p("\tJMP loop")
+	g.p("done:")
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
+}
+
+// reduction: acc[l] = acc[l] ⊕ a[i] for every i ≡ l (mod 32), i < n (a multiple of 32), in increasing i:
+// 32 running sums (fold ""), maxima ("max", Go's max) or minima ("min"), in four registers of eight lanes,
+// loaded from acc and stored back. Each lane folds its elements in order, as the Go loop does.
+func (g *gen) reduction(name, fold string) {
+	g.p("")
+	g.p("// func %s(a *float32, n int, acc *[32]float32)", name)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-24", name)
+	g.p("\tMOVQ a+0(FP), SI")
+	g.p("\tMOVQ n+8(FP), CX")
+	g.p("\tMOVQ acc+16(FP), DX")
+	for k := range 4 {
+		g.p("\tVMOVUPS %d(DX), Y%d", 32*k, k)
+	}
+	g.p("loop:")
+	g.p("\tTESTQ CX, CX")
+	g.p("\tJZ done")
+	for k := range 4 {
+		switch fold {
+		case "":
+			g.p("\tVADDPS %d(SI), Y%d, Y%d", 32*k, k, k)
+		default:
+			x := y(4 + k)
+			g.p("\tVMOVUPS %d(SI), %s", 32*k, x)
+			r := g.emitMaxMin(fold == "min", y(k), x, []string{"Y8", "Y9", "Y10"})
+			g.p("\tVMOVUPS %s, Y%d", r, k)
+		}
+	}
+	g.p("\tADDQ $128, SI")
+	g.p("\tSUBQ $32, CX")
+	g.p("\tJMP loop")
+	g.p("done:")
+	for k := range 4 {
+		g.p("\tVMOVUPS Y%d, %d(DX)", k, 32*k)
+	}
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
 }
