@@ -122,6 +122,16 @@ var cases = []fusionCase{
 	{name: "softmax", shapes: []shapes.Shape{f32(16, 4, 64, 64)}, chains: -1, fn: func(x []*graph.Node) []*graph.Node {
 		return []*graph.Node{graph.Softmax(x[0], -1)}
 	}},
+	{name: "causal mask", shapes: []shapes.Shape{f32(2, 3, 64, 64)}, chains: -1, fn: func(x []*graph.Node) []*graph.Node {
+		// A [64, 64] mask broadcast over batch and heads, as attention builds it: fused nodes read the mask
+		// and the masking value through their broadcasts.
+		g := x[0].Graph()
+		causal := graph.GreaterOrEqual(graph.Iota(g, shapes.Make(dtypes.Int32, 64, 64), 0),
+			graph.Iota(g, shapes.Make(dtypes.Int32, 64, 64), 1))
+		mask := graph.BroadcastToShape(graph.Reshape(causal, 1, 1, 64, 64), shapes.Make(dtypes.Bool, 2, 3, 64, 64))
+		lowest := graph.BroadcastToShape(graph.Const(g, float32(-math.MaxFloat32)), x[0].Shape())
+		return []*graph.Node{graph.Exp(graph.Where(mask, graph.MulScalar(x[0], 0.125), lowest))}
+	}},
 	{name: "boolean input", shapes: []shapes.Shape{f32(50, 50), f32(50, 50)}, chains: -1, fn: func(x []*graph.Node) []*graph.Node {
 		mask := graph.LessThan(x[0], x[1]) // read twice: a boolean leaf of both chains
 		return []*graph.Node{graph.Mul(graph.ConvertDType(mask, dtypes.Float32), x[0]),
@@ -260,4 +270,22 @@ func randomGraph(seed uint64, dims []int) func(x, y, b *graph.Node) []*graph.Nod
 		}
 		return outputs
 	}
+}
+
+// TestFusedNodesReadBroadcastSources: a fused node reads a broadcast's source with its pattern, so the
+// broadcast (of a mask, of per-row statistics) is never materialised.
+func TestFusedNodesReadBroadcastSources(t *testing.T) {
+	_, fused := backendsUnderTest(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	x := computetest.RandomTensor(rng, f32(6, 4, 128))
+	exec := graph.MustNewExec(fused, func(x *graph.Node) *graph.Node {
+		mean := graph.ReduceAndKeep(x, graph.ReduceMean, -1)
+		keep := graph.BroadcastToShape(graph.Reshape(graph.GreaterThan(mean, graph.ZerosLike(mean)), 6, 4, 1),
+			x.Shape())
+		return graph.Where(keep, graph.Sub(x, graph.BroadcastToShape(mean, x.Shape())), x)
+	})
+	exec.MustExec(x)
+	before := elementwise.Calls().BroadcastInDims
+	exec.MustExec(x)
+	assert.Equal(t, before, elementwise.Calls().BroadcastInDims, "a broadcast ran")
 }

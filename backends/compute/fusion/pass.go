@@ -224,3 +224,33 @@ func shapeOf(node *simplego.Node) shapes.Shape {
 	shape, _ := gomlxpatch.NodeShape(node)
 	return shape
 }
+
+// throughBroadcast returns, for a BroadcastInDim that keeps its source's axes in order (inserting axes, or
+// repeating axes of size 1), the source and its dimensions laid over the output's axes (1 elsewhere): a
+// fused node can read the source with that pattern instead of the broadcast's materialised result.
+func throughBroadcast(node *simplego.Node) (source *simplego.Node, dims []int, ok bool) {
+	opType, ok := gomlxpatch.NodeOpType(node)
+	if !ok || opType != backends.OpTypeBroadcastInDim {
+		return nil, nil, false
+	}
+	axes, ok := gomlxpatch.NodeData(node).([]int)
+	inputs := gomlxpatch.NodeInputs(node)
+	if !ok || len(inputs) != 1 || gomlxpatch.NodeHasMultipleOutputs(inputs[0]) {
+		return nil, nil, false
+	}
+	out, in := shapeOf(node), shapeOf(inputs[0])
+	if len(axes) != in.Rank() || in.DType != out.DType {
+		return nil, nil, false
+	}
+	dims = make([]int, out.Rank())
+	for i := range dims {
+		dims[i] = 1
+	}
+	for i, axis := range axes {
+		if axis < 0 || axis >= len(dims) || (i > 0 && axis <= axes[i-1]) {
+			return nil, nil, false // a transposing broadcast
+		}
+		dims[axis] = in.Dimensions[i]
+	}
+	return inputs[0], dims, true
+}

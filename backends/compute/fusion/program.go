@@ -35,17 +35,19 @@ type program struct {
 type leafKind uint8
 
 const (
-	leafFull       leafKind = iota // float32 of the output's shape: read in place
-	leafScalar                     // one float32 value
-	leafBroadcast                  // float32 spanning a run of the output's axes: expanded into a register per tile
-	leafBool                       // booleans of the output's shape: converted to 1 and 0 in a register per tile
-	leafBoolScalar                 // one boolean
+	leafFull      leafKind = iota // the output's shape: float32 read in place, booleans converted per tile
+	leafScalar                    // one value
+	leafBroadcast                 // spanning a run of the output's axes: expanded into a register per tile
 )
 
+// leaf is one of a fused node's inputs: float32, or booleans (held as 1 and 0 in a register).
 type leaf struct {
 	kind    leafKind
+	isBool  bool
 	pattern broadcast.Pattern // leafBroadcast
-	reg     int               // the register of leafBroadcast and leafBool, or of a scalar splatted for select
+	// reg is the register of a leaf read through one (expanded broadcasts, booleans), or of a scalar
+	// splatted for select; −1 for none.
+	reg int
 }
 
 type operandKind uint8
@@ -85,24 +87,29 @@ func compile(c *chain, elements map[*simplego.Node]element, chainOf map[*simpleg
 		if v, ok := leafValues[node]; ok {
 			return v
 		}
-		shape := shapeOf(node)
+		source, dims := node, shapeOf(node).Dimensions
+		if src, srcDims, ok := throughBroadcast(node); ok {
+			if _, fits := broadcast.Of(srcDims, p.shape.Dimensions); fits {
+				// The broadcast's source, read with its pattern: the broadcast itself need not run.
+				source, dims = src, srcDims
+			}
+		}
+		shape := shapeOf(source)
 		index := len(leafNodes)
-		leafNodes = append(leafNodes, node)
-		l, v := leaf{reg: -1}, operand{kind: inScalar, index: index}
+		leafNodes = append(leafNodes, source)
+		l, v := leaf{isBool: shape.DType == dtypes.Bool, reg: -1}, operand{kind: inScalar, index: index}
 		switch {
-		case shape.Size() == 1 && shape.DType == dtypes.Bool:
-			l.kind = leafBoolScalar
 		case shape.Size() == 1:
 			l.kind = leafScalar
-		case shape.DType == dtypes.Bool:
-			l = leaf{kind: leafBool, reg: p.numRegs}
-			p.numRegs++
-			v = operand{kind: inReg, index: l.reg}
-		case slices.Equal(shape.Dimensions, p.shape.Dimensions):
+		case slices.Equal(dims, p.shape.Dimensions) && !l.isBool:
 			l.kind, v = leafFull, operand{kind: inLeaf, index: index}
 		default:
-			pattern, _ := broadcast.Of(shape.Dimensions, p.shape.Dimensions) // classify checked it
-			l = leaf{kind: leafBroadcast, pattern: pattern, reg: p.numRegs}
+			l.kind = leafFull
+			if !slices.Equal(dims, p.shape.Dimensions) {
+				l.kind = leafBroadcast
+				l.pattern, _ = broadcast.Of(dims, p.shape.Dimensions) // classify or the check above made sure
+			}
+			l.reg = p.numRegs
 			p.numRegs++
 			v = operand{kind: inReg, index: l.reg}
 		}
@@ -201,17 +208,18 @@ func compile(c *chain, elements map[*simplego.Node]element, chainOf map[*simpleg
 
 // runState is one execution's scratch: the registers and the leaves' data.
 type runState struct {
-	regs    []float32
-	floats  [][]float32
-	bools   [][]bool
-	scalars []float32
+	regs     []float32
+	boolTile []bool // a broadcast boolean leaf's tile, before conversion
+	floats   [][]float32
+	bools    [][]bool
+	scalars  []float32
 }
 
 func (p *program) state() *runState {
 	if s, ok := p.states.Get().(*runState); ok {
 		return s
 	}
-	return &runState{regs: make([]float32, p.numRegs*tile), floats: make([][]float32, len(p.leaves)),
+	return &runState{regs: make([]float32, p.numRegs*tile), boolTile: make([]bool, tile), floats: make([][]float32, len(p.leaves)),
 		bools: make([][]bool, len(p.leaves)), scalars: make([]float32, len(p.leaves))}
 }
 
@@ -229,13 +237,12 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 		if err != nil {
 			return nil, fmt.Errorf("fusion: %s: input %d: %w", p.describe, i, err)
 		}
-		switch l.kind {
-		case leafBool, leafBoolScalar:
+		switch {
+		case l.isBool:
 			s.bools[i] = data.([]bool)
-			if l.kind == leafBoolScalar && s.bools[i][0] {
+			s.scalars[i] = 0
+			if s.bools[i][0] {
 				s.scalars[i] = 1
-			} else {
-				s.scalars[i] = 0
 			}
 		default:
 			s.floats[i] = data.([]float32)
@@ -257,7 +264,7 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 	}
 	out := outData.([]float32)
 	for i, l := range p.leaves {
-		if (l.kind == leafScalar || l.kind == leafBoolScalar) && l.reg >= 0 {
+		if l.kind == leafScalar && l.reg >= 0 {
 			reg := s.regs[l.reg*tile : (l.reg+1)*tile]
 			for j := range reg {
 				reg[j] = s.scalars[i]
@@ -278,17 +285,16 @@ func (p *program) runTile(s *runState, out []float32, lo, hi int) {
 	n := hi - lo
 	reg := func(r int) []float32 { return s.regs[r*tile : r*tile+n] }
 	for i, l := range p.leaves {
-		switch l.kind {
-		case leafBroadcast:
+		switch {
+		case l.kind == leafScalar || (l.kind == leafFull && !l.isBool):
+		case !l.isBool:
 			broadcast.Expand(l.pattern, reg(l.reg), s.floats[i], lo)
-		case leafBool:
-			dst := reg(l.reg)
-			for j, b := range s.bools[i][lo:hi] {
-				dst[j] = 0
-				if b {
-					dst[j] = 1
-				}
-			}
+		case l.kind == leafFull:
+			vec32.FromBool(reg(l.reg), s.bools[i][lo:hi])
+		default:
+			expanded := s.boolTile[:n]
+			broadcast.Expand(l.pattern, expanded, s.bools[i], lo)
+			vec32.FromBool(reg(l.reg), expanded)
 		}
 	}
 	slice := func(a operand) []float32 {

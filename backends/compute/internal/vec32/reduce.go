@@ -20,7 +20,7 @@ func Sum(x []float32) float32 {
 	var acc [lanes]float32
 	whole := len(x) / lanes * lanes
 	foldAll(foldSum, x[:whole], &acc)
-	total := combine(&acc, func(a, b float32) float32 { return a + b })
+	total := combineSum(&acc)
 	for _, v := range x[whole:] {
 		total += v
 	}
@@ -41,13 +41,16 @@ func extreme(f fold, x []float32, initial float32) float32 {
 	}
 	whole := len(x) / lanes * lanes
 	foldAll(f, x[:whole], &acc)
-	pick := func(a, b float32) float32 { return max(a, b) }
 	if f == foldMin {
-		pick = func(a, b float32) float32 { return min(a, b) }
+		result := combineMin(&acc)
+		for _, v := range x[whole:] {
+			result = min(result, v)
+		}
+		return result
 	}
-	result := combine(&acc, pick)
+	result := combineMax(&acc)
 	for _, v := range x[whole:] {
-		result = pick(result, v)
+		result = max(result, v)
 	}
 	return result
 }
@@ -83,11 +86,30 @@ func foldGo(f fold, x []float32, acc *[lanes]float32) {
 	}
 }
 
-// combine folds the running values pairwise into one: l with l+16, then l+8, l+4, l+2, l+1.
-func combine(acc *[lanes]float32, op func(a, b float32) float32) float32 {
+// combineSum, combineMax and combineMin fold the running values pairwise into one: l with l+16, then l+8,
+// l+4, l+2, l+1 (three loops written out: a call per pair would cost more than the pairs).
+func combineSum(acc *[lanes]float32) float32 {
 	for width := lanes / 2; width >= 1; width /= 2 {
 		for l := range width {
-			acc[l] = op(acc[l], acc[l+width])
+			acc[l] += acc[l+width]
+		}
+	}
+	return acc[0]
+}
+
+func combineMax(acc *[lanes]float32) float32 {
+	for width := lanes / 2; width >= 1; width /= 2 {
+		for l := range width {
+			acc[l] = max(acc[l], acc[l+width])
+		}
+	}
+	return acc[0]
+}
+
+func combineMin(acc *[lanes]float32) float32 {
+	for width := lanes / 2; width >= 1; width /= 2 {
+		for l := range width {
+			acc[l] = min(acc[l], acc[l+width])
 		}
 	}
 	return acc[0]

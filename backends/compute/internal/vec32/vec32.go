@@ -138,3 +138,12 @@ func Accelerated() bool { return accelerated }
 func Scatter4Prefix(sign float32, outA, outB, outC, outD, a, b, c, d, source []float32) int {
 	return scatter4Accel(sign, outA, outB, outC, outD, a, b, c, d, source)
 }
+
+// FromBool sets dst[i] to 1 where src[i] is true, else 0: a boolean mask as float32.
+func FromBool(dst []float32, src []bool) {
+	src = src[:len(dst)]
+	done := fromBoolAccel(dst, src)
+	for i, b := range src[done:] {
+		dst[done+i] = mask(b)
+	}
+}

@@ -95,46 +95,106 @@ func selectAccel(dst, cond, onTrue, onFalse []float32) int {
 	return n
 }
 
-// Declared in vec32_amd64.s.
+// Declared in vec32_amd64.s. None keeps a pointer it is given (go:noescape), so that a caller's arrays can
+// stay on its stack.
 
+//go:noescape
 func addVV(dst, a, b *float32, n int)
+
+//go:noescape
 func subVV(dst, a, b *float32, n int)
+
+//go:noescape
 func mulVV(dst, a, b *float32, n int)
+
+//go:noescape
 func divVV(dst, a, b *float32, n int)
+
+//go:noescape
 func maxVV(dst, a, b *float32, n int)
+
+//go:noescape
 func minVV(dst, a, b *float32, n int)
+
+//go:noescape
 func eqVV(dst, a, b *float32, n int)
+
+//go:noescape
 func neVV(dst, a, b *float32, n int)
+
+//go:noescape
 func ltVV(dst, a, b *float32, n int)
+
+//go:noescape
 func leVV(dst, a, b *float32, n int)
+
+//go:noescape
 func gtVV(dst, a, b *float32, n int)
+
+//go:noescape
 func geVV(dst, a, b *float32, n int)
 
+//go:noescape
 func addVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func subVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func mulVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func divVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func maxVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func minVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func eqVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func neVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func ltVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func leVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func gtVS(dst, a *float32, s float32, n int)
+
+//go:noescape
 func geVS(dst, a *float32, s float32, n int)
 
+//go:noescape
 func subSV(dst, a *float32, s float32, n int)
+
+//go:noescape
 func divSV(dst, a *float32, s float32, n int)
 
+//go:noescape
 func negV(dst, a *float32, n int)
+
+//go:noescape
 func absV(dst, a *float32, n int)
+
+//go:noescape
 func sqrtV(dst, a *float32, n int)
+
+//go:noescape
 func erfV(dst, a *float32, n int)
 
 // expV computes e^x for n elements and returns non-zero when some x was in [expZero, expSubnormal), whose
 // lane it left holding x.
+//
+//go:noescape
 func expV(dst, a *float32, n int) (subnormal int)
 
+//go:noescape
 func selectV(dst, cond, onTrue, onFalse *float32, n int)
 
 func scatter4Accel(sign float32, outA, outB, outC, outD, a, b, c, d, source []float32) int {
@@ -151,6 +211,7 @@ func scatter4Accel(sign float32, outA, outB, outC, outD, a, b, c, d, source []fl
 	return n
 }
 
+//go:noescape
 func scatter4V(outA, outB, outC, outD, a, b, c, d, source *float32, s float32, n int)
 
 func foldAccel(f fold, x []float32, acc *[lanes]float32) bool {
@@ -168,6 +229,23 @@ func foldAccel(f fold, x []float32, acc *[lanes]float32) bool {
 	return true
 }
 
+//go:noescape
 func reduceSumV(a *float32, n int, acc *[lanes]float32)
+
+//go:noescape
 func reduceMaxV(a *float32, n int, acc *[lanes]float32)
+
+//go:noescape
 func reduceMinV(a *float32, n int, acc *[lanes]float32)
+
+func fromBoolAccel(dst []float32, src []bool) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	fromBoolV(unsafe.SliceData(dst), unsafe.SliceData(src), n)
+	return n
+}
+
+//go:noescape
+func fromBoolV(dst *float32, src *bool, n int)

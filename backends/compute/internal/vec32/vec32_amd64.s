@@ -1825,6 +1825,25 @@ done:
 	VZEROUPPER
 	RET
 
+// func fromBoolV(dst *float32, src *bool, n int)
+TEXT ·fromBoolV(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DX
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+loop:
+	TESTQ CX, CX
+	JZ done
+	VPMOVZXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMOVUPS Y0, (DX)
+	ADDQ $8, SI
+	ADDQ $32, DX
+	SUBQ $8, CX
+	JMP loop
+done:
+	VZEROUPPER
+	RET
+
 // one
 DATA vec32const<>+0(SB)/4, $0x3f800000
 DATA vec32const<>+4(SB)/4, $0x3f800000

@@ -17,3 +17,5 @@ func scatter4Accel(float32, []float32, []float32, []float32, []float32, []float3
 }
 
 func foldAccel(fold, []float32, *[lanes]float32) bool { return false }
+
+func fromBoolAccel([]float32, []bool) int { return 0 }

@@ -107,6 +107,11 @@ func TestKernelsMatchGo(t *testing.T) {
 				cond[i] = float32(rng.IntN(2))
 			}
 			check("Select", func(dst []float32) { Select(dst, cond, b, c) })
+			bools := make([]bool, n)
+			for i := range bools {
+				bools[i] = rng.IntN(2) == 0
+			}
+			check("FromBool", func(dst []float32) { FromBool(dst, bools) })
 		}
 	}
 }
@@ -163,6 +168,8 @@ func TestGoSemantics(t *testing.T) {
 		assert.Equal(t, fill(2), dst)
 		run(func() { Apply(Abs, dst, fill(negZero)) })
 		sameBits(t, fill(negZero), dst, "Abs(−0) is −0, as in GoMLX's pure-Go backend")
+		run(func() { FromBool(dst, []bool{true, false, true, true, false, false, true, false}) })
+		assert.Equal(t, []float32{1, 0, 1, 1, 0, 0, 1, 0}, dst)
 		run(func() { Select(dst, []float32{1, 0, 1, 0, 1, 0, 1, 0}, fill(5), fill(6)) })
 		assert.Equal(t, []float32{5, 6, 5, 6, 5, 6, 5, 6}, dst)
 	}

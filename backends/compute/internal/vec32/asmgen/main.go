@@ -49,6 +49,7 @@ func Generate() []byte {
 	g.reduction("reduceSumV", "")
 	g.reduction("reduceMaxV", "max")
 	g.reduction("reduceMinV", "min")
+	g.fromBool()
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -613,6 +614,30 @@ func (g *gen) reduction(name, fold string) {
 	for k := range 4 {
 		g.p("\tVMOVUPS Y%d, %d(DX)", k, 32*k)
 	}
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
+}
+
+// fromBool: dst[i] = 1 where src[i] (a Go bool, one byte 0 or 1) is true, else 0: each byte widened to an
+// int32 and converted.
+func (g *gen) fromBool() {
+	g.p("")
+	g.p("// func fromBoolV(dst *float32, src *bool, n int)")
+	g.p("TEXT ·fromBoolV(SB), NOSPLIT, $0-24")
+	g.p("\tMOVQ dst+0(FP), DX")
+	g.p("\tMOVQ src+8(FP), SI")
+	g.p("\tMOVQ n+16(FP), CX")
+	g.p("loop:")
+	g.p("\tTESTQ CX, CX")
+	g.p("\tJZ done")
+	g.p("\tVPMOVZXBD (SI), Y0")
+	g.p("\tVCVTDQ2PS Y0, Y0")
+	g.p("\tVMOVUPS Y0, (DX)")
+	g.p("\tADDQ $8, SI")
+	g.p("\tADDQ $32, DX")
+	g.p("\tSUBQ $8, CX")
+	g.p("\tJMP loop")
+	g.p("done:")
 	g.p("\tVZEROUPPER")
 	g.p("\tRET")
 }
