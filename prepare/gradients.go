@@ -89,16 +89,12 @@ func (m *Model) ClipGradValue(clip float64) error {
 	})
 }
 
-// eachBucket runs fn on every accumulator's flat host data, which fn may change.
+// eachBucket runs fn on every accumulator's flat values, which fn may change, in place (see
+// accumulate.Reducer.EachAccumulator): clipping reads and scales the synced sums where the optimizer's update
+// reads them.
 func (m *Model) eachBucket(fn func(flat any)) error {
-	for b, v := range m.buckets {
-		t, err := v.Value()
-		if err == nil {
-			err = t.MutableFlatData(fn)
-		}
-		if err != nil {
-			return fmt.Errorf("prepare: accumulator %d: %w", b, err)
-		}
+	if err := m.reducer.EachAccumulator(fn); err != nil {
+		return fmt.Errorf("prepare: %w", err)
 	}
 	return nil
 }
