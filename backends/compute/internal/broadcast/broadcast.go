@@ -2,6 +2,8 @@
 // them: an operand whose axes of size > 1 form one contiguous run of the output's axes.
 package broadcast
 
+import "github.com/goaccel/goaccel/backends/compute/internal/vec32"
+
 // Pattern is how a small operand spans a contiguous run of the output's axes (size 1 elsewhere): with the
 // output's elements indexed as (p, m, q) over the axes before, within and after that run, output element
 // (p, m, q) pairs with the small operand's element m. A channels-last bias has After = 1 (the small operand
@@ -61,13 +63,20 @@ func Expand[T any](p Pattern, dst []T, small []T, from int) {
 		return
 	}
 	// Each small element spans After consecutive output elements: fill runs.
+	fill := fillRun[T]
+	if _, ok := any(dst).([]float32); ok {
+		fill = func(run []T, v T) { vec32.Fill(any(run).([]float32), any(v).(float32)) }
+	}
 	for len(dst) > 0 {
-		v := small[(from/p.After)%p.Within]
 		n := min(len(dst), p.After-from%p.After)
-		for i := range dst[:n] {
-			dst[i] = v
-		}
+		fill(dst[:n], small[(from/p.After)%p.Within])
 		dst, from = dst[n:], from+n
+	}
+}
+
+func fillRun[T any](run []T, v T) {
+	for i := range run {
+		run[i] = v
 	}
 }
 

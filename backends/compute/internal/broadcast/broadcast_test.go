@@ -31,18 +31,24 @@ func TestOf(t *testing.T) {
 
 // TestExpand checks Expand against Index for every window of an output, both kinds of pattern.
 func TestExpand(t *testing.T) {
-	for _, p := range []Pattern{{3, 4, 1}, {2, 3, 5}, {1, 1, 7}, {4, 2, 3}} {
+	for _, p := range []Pattern{{3, 4, 1}, {2, 3, 5}, {1, 1, 7}, {4, 2, 3}, {2, 3, 19}} {
 		small := make([]int, p.Within)
 		for i := range small {
 			small[i] = 100 + i
 		}
+		small32 := make([]float32, len(small))
+		for i, v := range small {
+			small32[i] = float32(v)
+		}
 		size := p.Before * p.Within * p.After
 		for from := range size {
 			for n := 0; from+n <= size; n++ {
-				got := make([]int, n)
+				got, got32 := make([]int, n), make([]float32, n) // float32 fills with vec32
 				Expand(p, got, small, from)
+				Expand(p, got32, small32, from)
 				for i, v := range got {
-					if !assert.Equal(t, small[p.Index(from+i)], v, "pattern %+v from %d element %d", p, from, i) {
+					if !assert.Equal(t, small[p.Index(from+i)], v, "pattern %+v from %d element %d", p, from, i) ||
+						!assert.Equal(t, float32(v), got32[i], "float32: pattern %+v from %d element %d", p, from, i) {
 						return
 					}
 				}

@@ -147,3 +147,11 @@ func FromBool(dst []float32, src []bool) {
 		dst[done+i] = mask(b)
 	}
 }
+
+// Fill sets every element of dst to v.
+func Fill(dst []float32, v float32) {
+	done := fillAccel(dst, v)
+	for i := range dst[done:] {
+		dst[done+i] = v
+	}
+}

@@ -249,3 +249,15 @@ func fromBoolAccel(dst []float32, src []bool) int {
 
 //go:noescape
 func fromBoolV(dst *float32, src *bool, n int)
+
+func fillAccel(dst []float32, v float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	fillV(unsafe.SliceData(dst), v, n)
+	return n
+}
+
+//go:noescape
+func fillV(dst *float32, s float32, n int)

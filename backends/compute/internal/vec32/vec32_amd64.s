@@ -1844,6 +1844,32 @@ done:
 	VZEROUPPER
 	RET
 
+// func fillV(dst *float32, s float32, n int)
+TEXT ·fillV(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DX
+	VBROADCASTSS s+8(FP), Y15
+	MOVQ n+16(FP), CX
+loop4:
+	CMPQ CX, $32
+	JL loop1
+	VMOVUPS Y15, 0(DX)
+	VMOVUPS Y15, 32(DX)
+	VMOVUPS Y15, 64(DX)
+	VMOVUPS Y15, 96(DX)
+	ADDQ $128, DX
+	SUBQ $32, CX
+	JMP loop4
+loop1:
+	TESTQ CX, CX
+	JZ done
+	VMOVUPS Y15, 0(DX)
+	ADDQ $32, DX
+	SUBQ $8, CX
+	JMP loop1
+done:
+	VZEROUPPER
+	RET
+
 // one
 DATA vec32const<>+0(SB)/4, $0x3f800000
 DATA vec32const<>+4(SB)/4, $0x3f800000

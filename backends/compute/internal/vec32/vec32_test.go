@@ -112,6 +112,7 @@ func TestKernelsMatchGo(t *testing.T) {
 				bools[i] = rng.IntN(2) == 0
 			}
 			check("FromBool", func(dst []float32) { FromBool(dst, bools) })
+			check("Fill", func(dst []float32) { Fill(dst, s) })
 		}
 	}
 }

@@ -50,6 +50,7 @@ func Generate() []byte {
 	g.reduction("reduceMaxV", "max")
 	g.reduction("reduceMinV", "min")
 	g.fromBool()
+	g.fill()
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -640,4 +641,12 @@ func (g *gen) fromBool() {
 	g.p("done:")
 	g.p("\tVZEROUPPER")
 	g.p("\tRET")
+}
+
+// fill: dst[i] = s for n elements (a multiple of 8).
+func (g *gen) fill() {
+	a := args{pointers: []string{"dst"}, regs: []string{"DX"}, scalar: true}
+	g.kernel("fillV", a, 4, nil, func(k, off int) {
+		g.p("\tVMOVUPS Y15, %s", mem("DX", off))
+	}, nil)
 }
