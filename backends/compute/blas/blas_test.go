@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/backends/compute/internal/gemmtile"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
 )
 
@@ -153,6 +154,8 @@ func TestInstallUninstall(t *testing.T) {
 		assert.Equal(t, 2, Threads())
 		assert.Contains(t, Path(), "OpenBLAS")
 		assert.Contains(t, Path(), "2 threads")
+	} else if gemmtile.Accelerated() {
+		assert.Equal(t, "pure Go (AVX2/FMA micro-kernel; gonum for float64)", Path())
 	} else {
 		assert.Equal(t, "pure Go (gonum)", Path())
 	}

@@ -1,7 +1,6 @@
 package convkernel
 
 import (
-	"fmt"
 	"sync"
 
 	"github.com/goaccel/goaccel/backends/compute/internal/gemmtile"
@@ -17,22 +16,10 @@ import (
 // the roles exchanged: rows are kernel positions and input channels, the contraction walks the batch and
 // the output positions.
 
-// implicitGemm is C[r][j] = Σ_k A[rowStarts[r] + offsets[k]] · B[k·n + j] for r < len(rowStarts), j < n:
-// a convolution (or its kernel gradient) over input A, as the offsets of its rows and of its contraction.
-type implicitGemm struct {
-	a         []float32
-	rowStarts []int
-	offsets   []int32
-	b         []float32
-	n         int // columns of B and C
-	c         []float32
-}
-
 // canRunDirect reports whether plan runs on gemmtile: float32 (the caller checks), up to two spatial axes,
-// no input dilation or negative padding, output channels in blocks of 8 (the kernel's narrowest tile), and
-// offsets that fit its int32 table.
+// no input dilation or negative padding, and offsets that fit its int32 table.
 func canRunDirect(p *convPlan) bool {
-	if !gemmtile.Accelerated() || p.outChannels%8 != 0 || p.numSpatial() > 2 {
+	if !gemmtile.Accelerated() || p.numSpatial() > 2 {
 		return false
 	}
 	for i := range p.inputDilations {
@@ -127,7 +114,8 @@ func convolveDirect(p *convPlan, input, kernel, output []float32, pool *scratchP
 		}
 		return t
 	})
-	implicitGemm{a: a, rowStarts: t.rowStarts, offsets: t.offsets, b: kernel, n: p.outChannels, c: output}.run()
+	gemmtile.Product{A: a, RowStarts: t.rowStarts, Offsets: t.offsets, B: kernel, LDB: p.outChannels,
+		N: p.outChannels, C: output, LDC: p.outChannels}.Run(threads.Budget())
 	directConvCalls.Add(1)
 }
 
@@ -159,7 +147,8 @@ func convolveDirectDual(p *convPlan, input, kernel, output []float32, pool *scra
 		}
 		return t
 	})
-	implicitGemm{a: a, rowStarts: t.rowStarts, offsets: t.offsets, b: kernel, n: p.outChannels, c: output}.run()
+	gemmtile.Product{A: a, RowStarts: t.rowStarts, Offsets: t.offsets, B: kernel, LDB: p.outChannels,
+		N: p.outChannels, C: output, LDC: p.outChannels}.Run(threads.Budget())
 	directConvCalls.Add(1)
 }
 
@@ -199,84 +188,4 @@ func cachedTables(key tableKey, build func() gemmTables) gemmTables {
 	t := build()
 	tables[key] = t
 	return t
-}
-
-// parallelFlops is the work below which a product runs on one thread: a second one's start-up and
-// hand-over cost more than it saves (as for the BLAS path, see blas).
-const parallelFlops = 64 << 20
-
-// run computes the product, its row tiles split among the process's compute threads when it is large.
-func (g implicitGemm) run() {
-	rows := len(g.rowStarts)
-	if rows == 0 || g.n == 0 {
-		return
-	}
-	g.checkBounds()
-	tiles := (rows + gemmtile.Rows - 1) / gemmtile.Rows
-	workers := min(threads.Budget(), tiles)
-	if 2*float64(rows)*float64(g.n)*float64(len(g.offsets)) < parallelFlops {
-		workers = 1
-	}
-	if workers <= 1 {
-		g.tiles(0, tiles)
-		return
-	}
-	var wg sync.WaitGroup
-	for w := range workers {
-		first, end := tiles*w/workers, tiles*(w+1)/workers
-		wg.Go(func() { g.tiles(first, end) })
-	}
-	wg.Wait()
-}
-
-// checkBounds makes sure every element the kernel reads lies inside A: the kernel itself does not check.
-func (g implicitGemm) checkBounds() {
-	maxRow, maxOffset := 0, int32(0)
-	for _, r := range g.rowStarts {
-		maxRow = max(maxRow, r)
-	}
-	for _, o := range g.offsets {
-		maxOffset = max(maxOffset, o)
-	}
-	if last := maxRow + int(maxOffset); last >= len(g.a) || len(g.b) < len(g.offsets)*g.n ||
-		len(g.c) < len(g.rowStarts)*g.n {
-		panic(fmt.Sprintf("convkernel: implicit gemm reads A[%d] of %d, B of %d for %d×%d, C of %d for %d×%d",
-			last, len(g.a), len(g.b), len(g.offsets), g.n, len(g.c), len(g.rowStarts), g.n))
-	}
-}
-
-// tiles computes row tiles [first, end): full tiles write C in place; the last, short one goes through a
-// scratch tile (its missing rows read row 0 again, so every address stays valid).
-func (g implicitGemm) tiles(first, end int) {
-	var rows [gemmtile.Rows]*float32
-	var scratch []float32
-	for t := first; t < end; t++ {
-		r0 := t * gemmtile.Rows
-		valid := min(gemmtile.Rows, len(g.rowStarts)-r0)
-		for i := range gemmtile.Rows {
-			start := g.rowStarts[r0]
-			if i < valid {
-				start = g.rowStarts[r0+i]
-			}
-			rows[i] = &g.a[start]
-		}
-		c, ldc := g.c[r0*g.n:], g.n
-		if valid < gemmtile.Rows {
-			if scratch == nil {
-				scratch = make([]float32, gemmtile.Rows*g.n)
-			}
-			c = scratch
-		}
-		for j := 0; j < g.n; {
-			width := 16
-			if g.n-j < 16 {
-				width = 8
-			}
-			gemmtile.Tile(c[j:], ldc, &rows, g.offsets, g.b[j:], g.n, width, false)
-			j += width
-		}
-		if valid < gemmtile.Rows {
-			copy(g.c[r0*g.n:(r0+valid)*g.n], scratch[:valid*g.n])
-		}
-	}
 }

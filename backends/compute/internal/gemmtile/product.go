@@ -1,0 +1,129 @@
+package gemmtile
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Product is C[r·LDC + j] = Σ_k A[RowStarts[r] + Offsets[k]] · B[k·LDB + j] for r < len(RowStarts) and
+// j < N: a matrix product whose left operand is read through offsets. A plain row-major [m, k] matrix has
+// RowStarts i·k and Offsets 0, 1, …, k−1; its transpose (stored [k, m]) RowStarts i and Offsets k·m; a
+// convolution's rows are output positions and its offsets walk the kernel window and the input channels.
+type Product struct {
+	A         []float32
+	RowStarts []int
+	Offsets   []int32
+	B         []float32
+	LDB, N    int
+	C         []float32
+	LDC       int
+}
+
+// ParallelFlops is the work below which a product runs on one thread: a second one's start-up and
+// hand-over cost more than it saves (as for OpenBLAS, see package blas).
+const ParallelFlops = 64 << 20
+
+// Run computes the product, its row tiles split among up to threads goroutines when it is large. Each tile
+// is computed by one goroutine, always in the same order, so the result does not depend on threads. It
+// panics when an element it would read lies outside A, B or C: the kernel itself does not check.
+func (p Product) Run(threads int) { p.run(threads, false) }
+
+// run is Run; split forces the split among threads whatever the size (for tests).
+func (p Product) run(threads int, split bool) {
+	rows := len(p.RowStarts)
+	if rows == 0 || p.N == 0 {
+		return
+	}
+	if len(p.Offsets) == 0 { // an empty sum
+		for r := range rows {
+			clear(p.C[r*p.LDC : r*p.LDC+p.N])
+		}
+		return
+	}
+	p.checkBounds()
+	tiles := (rows + Rows - 1) / Rows
+	workers := min(threads, tiles)
+	if 2*float64(rows)*float64(p.N)*float64(len(p.Offsets)) < ParallelFlops && !split {
+		workers = 1
+	}
+	if workers <= 1 {
+		p.tiles(0, tiles)
+		return
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		first, end := tiles*w/workers, tiles*(w+1)/workers
+		wg.Go(func() { p.tiles(first, end) })
+	}
+	wg.Wait()
+}
+
+func (p Product) checkBounds() {
+	maxRow, maxOffset := 0, int32(0)
+	for _, r := range p.RowStarts {
+		maxRow = max(maxRow, r)
+	}
+	for _, o := range p.Offsets {
+		maxOffset = max(maxOffset, o)
+	}
+	lastB := (len(p.Offsets)-1)*p.LDB + p.N - 1
+	lastC := (len(p.RowStarts)-1)*p.LDC + p.N - 1
+	if last := maxRow + int(maxOffset); last >= len(p.A) || lastB >= len(p.B) ||
+		lastC >= len(p.C) || p.LDC < p.N || p.LDB < p.N {
+		panic(fmt.Sprintf("gemmtile: product reads A[%d] of %d, B[%d] of %d (ldb %d), writes C[%d] of %d (ldc %d) "+
+			"for %d×%d×%d", last, len(p.A), lastB, len(p.B), p.LDB, lastC, len(p.C), p.LDC, len(p.RowStarts), p.N,
+			len(p.Offsets)))
+	}
+}
+
+// tiles computes row tiles [first, end). Full tiles and column blocks write C in place; a short last tile
+// of rows (its missing rows read row 0 again, so every address stays valid) and a last block of fewer than
+// 8 columns (B's columns copied beside zeros) go through scratch.
+func (p Product) tiles(first, end int) {
+	var rows [Rows]*float32
+	var scratchC []float32
+	// The columns past the last whole block of 8, padded with zeros to 8: [k][8].
+	whole := p.N / 8 * 8
+	var tailB []float32
+	if whole < p.N {
+		tailB = make([]float32, len(p.Offsets)*8)
+		for k := range p.Offsets {
+			copy(tailB[k*8:k*8+p.N-whole], p.B[k*p.LDB+whole:k*p.LDB+p.N])
+		}
+	}
+	for t := first; t < end; t++ {
+		r0 := t * Rows
+		valid := min(Rows, len(p.RowStarts)-r0)
+		for i := range Rows {
+			start := p.RowStarts[r0]
+			if i < valid {
+				start = p.RowStarts[r0+i]
+			}
+			rows[i] = &p.A[start]
+		}
+		direct := valid == Rows
+		for j := 0; j < p.N; {
+			width := 16
+			if whole-j < 16 {
+				width = 8
+			}
+			b, ldb := p.B[j:], p.LDB
+			if j >= whole {
+				b, ldb = tailB, 8
+			}
+			if direct && j < whole {
+				Tile(p.C[r0*p.LDC+j:], p.LDC, &rows, p.Offsets, b, ldb, width, false)
+			} else {
+				if scratchC == nil {
+					scratchC = make([]float32, Rows*16)
+				}
+				Tile(scratchC, 16, &rows, p.Offsets, b, ldb, width, false)
+				cols := min(width, p.N-j)
+				for i := range valid {
+					copy(p.C[(r0+i)*p.LDC+j:(r0+i)*p.LDC+j+cols], scratchC[i*16:i*16+cols])
+				}
+			}
+			j += width
+		}
+	}
+}
