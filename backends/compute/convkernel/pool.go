@@ -95,6 +95,34 @@ func newWindowPlan(operandDims, window, strides []int, paddings [][2]int) (*wind
 	return p, nil
 }
 
+// channelsLast2x2 reports whether the plan is the 2×2, stride-2 pooling of a channels-last image that tiles
+// it exactly: [batch, height, width, channels] with window and strides [1, 2, 2, 1] and no padding.
+func (p *windowPlan) channelsLast2x2() bool {
+	return len(p.operandDims) == 4 && slices.Equal(p.window, []int{1, 2, 2, 1}) &&
+		slices.Equal(p.strides, []int{1, 2, 2, 1}) && p.tiles()
+}
+
+// pool2x2Rows runs row(inputRow, outputRow) — the flat offsets where an output row's two input rows start
+// and where it starts — for every output row of a channelsLast2x2 plan, one row of pixels × channels per
+// call (the assembly's unit); it reports false, having run nothing, when the first call declines (the
+// assembly does not run here, or the channels are not a multiple of 8).
+func pool2x2Rows(p *windowPlan, row func(inputRow, outputRow int) bool) bool {
+	batch, outHeight := p.outputDims[0], p.outputDims[1]
+	for b := range batch {
+		for y := range outHeight {
+			input := b*p.operandStrides[0] + 2*y*p.operandStrides[1]
+			output := (b*outHeight + y) * p.outputDims[2] * p.outputDims[3]
+			if !row(input, output) {
+				if b == 0 && y == 0 {
+					return false
+				}
+				panic("convkernel: a row of 2×2 pooling ran in assembly and the next did not")
+			}
+		}
+	}
+	return true
+}
+
 // tiles reports whether the windows cover the operand exactly once: stride equal to the window, no
 // padding, and sizes that divide.
 func (p *windowPlan) tiles() bool {
@@ -260,6 +288,15 @@ func reduceWindows[T float32 | float64](p *windowPlan, reduction backends.Reduce
 		})
 		return
 	}
+	if out32, ok := any(output).([]float32); ok && p.channelsLast2x2() {
+		in32 := any(operand).([]float32)
+		if pool2x2Rows(p, func(row, pooledRow int) bool {
+			return vec32.PoolRow2x2(reduction == backends.ReduceOpMin, out32[pooledRow:], in32[row:],
+				p.operandDims[3], p.outputDims[2], p.operandStrides[1])
+		}) {
+			return
+		}
+	}
 	identity := identityOf[T](reduction)
 	pick := func(a, b T) T { return max(a, b) } // Go's max and min propagate NaN, as XLA does, with no branch.
 	if reduction == backends.ReduceOpMin {
@@ -361,6 +398,15 @@ func selectAndScatter[T float32 | float64](p *windowPlan, selectMax bool, operan
 		sign = -1
 	}
 	offsets := p.offsets
+	if out32, ok := any(output).([]float32); ok && p.channelsLast2x2() {
+		in32, source32 := any(operand).([]float32), any(source).([]float32)
+		if pool2x2Rows(p, func(row, pooledRow int) bool {
+			return vec32.ScatterPoolRow2x2(float32(sign), out32[row:], in32[row:], source32[pooledRow:],
+				p.operandDims[3], p.outputDims[2], p.operandStrides[1])
+		}) {
+			return
+		}
+	}
 	if p.tiles() && len(offsets) <= maxTiledWindow {
 		// Every operand element is in exactly one window: write each window whole, the source value at the
 		// chosen position and zeros elsewhere (through a small array, so no store depends on a branch),

@@ -155,3 +155,26 @@ func Fill(dst []float32, v float32) {
 		dst[done+i] = v
 	}
 }
+
+// PoolRow2x2 computes one output row of 2×2, stride-2 max pooling (min when isMin) of a channels-last image:
+// for pixel g < groups and channel j < c, out[g·c + j] is the extreme of in[2g·c + j], in[(2g+1)·c + j] and
+// the same two rowStride further, folded in that order with Go's max (min). It reports false, doing
+// nothing, when the assembly does not run here or c is not a multiple of 8.
+func PoolRow2x2(isMin bool, out, in []float32, c, groups, rowStride int) bool {
+	if c%8 != 0 || groups == 0 {
+		return false
+	}
+	_, _ = out[groups*c-1], in[rowStride+2*groups*c-1]
+	return poolRowAccel(isMin, out, in, c, groups, rowStride)
+}
+
+// ScatterPoolRow2x2 is the gradient of PoolRow2x2 for max (sign 1) or min (sign −1): source[g·c + j] goes
+// to the position of its window's first extreme element in grad (laid out as in), +0 to the window's other
+// three positions, by the rule of Scatter4Prefix. It reports false, doing nothing, where PoolRow2x2 would.
+func ScatterPoolRow2x2(sign float32, grad, in, source []float32, c, groups, rowStride int) bool {
+	if c%8 != 0 || groups == 0 {
+		return false
+	}
+	_, _, _ = grad[rowStride+2*groups*c-1], in[rowStride+2*groups*c-1], source[groups*c-1]
+	return scatterPoolRowAccel(sign, grad, in, source, c, groups, rowStride)
+}

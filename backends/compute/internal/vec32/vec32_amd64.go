@@ -261,3 +261,32 @@ func fillAccel(dst []float32, v float32) int {
 
 //go:noescape
 func fillV(dst *float32, s float32, n int)
+
+func poolRowAccel(isMin bool, out, in []float32, c, groups, rowStride int) bool {
+	if !accelerated {
+		return false
+	}
+	if isMin {
+		minPoolRowV(&out[0], &in[0], c, groups, rowStride)
+	} else {
+		maxPoolRowV(&out[0], &in[0], c, groups, rowStride)
+	}
+	return true
+}
+
+func scatterPoolRowAccel(sign float32, grad, in, source []float32, c, groups, rowStride int) bool {
+	if !accelerated {
+		return false
+	}
+	scatterPoolRowV(&grad[0], &in[0], &source[0], c, groups, rowStride, sign)
+	return true
+}
+
+//go:noescape
+func maxPoolRowV(out, in *float32, c, groups, rowStride int)
+
+//go:noescape
+func minPoolRowV(out, in *float32, c, groups, rowStride int)
+
+//go:noescape
+func scatterPoolRowV(grad, in, source *float32, c, groups, rowStride int, s float32)

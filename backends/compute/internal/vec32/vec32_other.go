@@ -21,3 +21,7 @@ func foldAccel(fold, []float32, *[lanes]float32) bool { return false }
 func fromBoolAccel([]float32, []bool) int { return 0 }
 
 func fillAccel([]float32, float32) int { return 0 }
+
+func poolRowAccel(bool, []float32, []float32, int, int, int) bool { return false }
+
+func scatterPoolRowAccel(float32, []float32, []float32, []float32, int, int, int) bool { return false }

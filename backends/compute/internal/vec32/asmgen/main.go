@@ -51,6 +51,9 @@ func Generate() []byte {
 	g.reduction("reduceMinV", "min")
 	g.fromBool()
 	g.fill()
+	g.poolRow("maxPoolRowV", false)
+	g.poolRow("minPoolRowV", true)
+	g.scatterPoolRow()
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -649,4 +652,132 @@ func (g *gen) fill() {
 	g.kernel("fillV", a, 4, nil, func(k, off int) {
 		g.p("\tVMOVUPS Y15, %s", mem("DX", off))
 	}, nil)
+}
+
+// The 2×2, stride-2 pooling of one output row of a channels-last image: groups output pixels of c channels
+// (c a multiple of 8). Pixel g's window starts at in + 2g·c (a), its right neighbour is c further (b), the
+// next input row rowStride further (c, then d). The four pointers SI, DI, R11, R12 advance by 2c per pixel,
+// the output DX by c, and BX walks the channels.
+func (g *gen) poolRowPrologue(name, extra string, frame int) {
+	g.p("")
+	g.p("// func %s(out, in *float32, c, groups, rowStride int%s)", name, extra)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-%d", name, frame)
+	g.p("\tMOVQ out+0(FP), DX")
+	g.p("\tMOVQ in+8(FP), SI")
+	g.p("\tMOVQ c+16(FP), R10")
+	g.p("\tSHLQ $2, R10")
+	g.p("\tMOVQ groups+24(FP), R8")
+	g.p("\tMOVQ rowStride+32(FP), R9")
+	g.p("\tSHLQ $2, R9")
+	g.p("\tLEAQ (SI)(R10*1), DI")
+	g.p("\tLEAQ (SI)(R9*1), R11")
+	g.p("\tLEAQ (R11)(R10*1), R12")
+}
+
+func (g *gen) poolRowAdvance() {
+	g.p("\tADDQ $32, BX")
+	g.p("\tJMP channels")
+	g.p("next:")
+	for _, r := range []string{"SI", "DI", "R11", "R12"} {
+		g.p("\tADDQ R10, %s", r)
+		g.p("\tADDQ R10, %s", r)
+	}
+	g.p("\tADDQ R10, DX")
+	g.p("\tDECQ R8")
+	g.p("\tJMP pixels")
+	g.p("done:")
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
+}
+
+// poolRow: out = Go's max (min) of the window's four positions, folded a, b, c, d in order.
+func (g *gen) poolRow(name string, isMin bool) {
+	g.poolRowPrologue(name, "", 40)
+	g.p("pixels:")
+	g.p("\tTESTQ R8, R8")
+	g.p("\tJZ done")
+	g.p("\tXORQ BX, BX")
+	g.p("channels:")
+	g.p("\tCMPQ BX, R10")
+	g.p("\tJGE next")
+	g.p("\tVMOVUPS (SI)(BX*1), Y0")
+	for i, ptr := range []string{"DI", "R11", "R12"} {
+		g.p("\tVMOVUPS (%s)(BX*1), Y%d", ptr, 1+i)
+	}
+	r := g.emitMaxMin(isMin, "Y0", "Y1", []string{"Y4", "Y5", "Y6"})
+	r = g.emitMaxMin(isMin, r, "Y2", []string{"Y7", "Y8", "Y9"})
+	r = g.emitMaxMin(isMin, r, "Y3", []string{"Y10", "Y11", "Y12"})
+	g.p("\tVMOVUPS %s, (DX)(BX*1)", r)
+	g.poolRowAdvance()
+}
+
+// scatterPoolRow: the gradient of max (sign 1) or min (sign −1) pooling for one output row: source's value
+// (at DX, one per output element) goes to the window's first extreme position, +0 to the others, written
+// into grad at the window's four positions (grad has the input's layout: pointers R13.. mirror SI..).
+// Same rule as scatter4V.
+func (g *gen) scatterPoolRow() {
+	name := "scatterPoolRowV"
+	g.p("")
+	g.p("// func %s(grad, in, source *float32, c, groups, rowStride int, s float32)", name)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-52", name)
+	g.p("\tMOVQ grad+0(FP), AX")
+	g.p("\tMOVQ in+8(FP), SI")
+	g.p("\tMOVQ source+16(FP), DX")
+	g.p("\tMOVQ c+24(FP), R10")
+	g.p("\tSHLQ $2, R10")
+	g.p("\tMOVQ groups+32(FP), R8")
+	g.p("\tMOVQ rowStride+40(FP), R9")
+	g.p("\tSHLQ $2, R9")
+	g.p("\tVBROADCASTSS s+48(FP), Y15")
+	// grad's pointer for position a is AX; b, c, d are found from it with the same offsets as the input's:
+	// (AX)(BX*1), and through CX = AX + R10, R13 = AX + R9, R14… — only 14 general registers are free, so
+	// the gradient positions are addressed relative to AX with the byte offset (in − grad) kept in CX.
+	g.p("\tMOVQ SI, CX")
+	g.p("\tSUBQ AX, CX") // in − grad
+	g.p("\tLEAQ (SI)(R10*1), DI")
+	g.p("\tLEAQ (SI)(R9*1), R11")
+	g.p("\tLEAQ (R11)(R10*1), R12")
+	g.p("pixels:")
+	g.p("\tTESTQ R8, R8")
+	g.p("\tJZ done")
+	g.p("\tXORQ BX, BX")
+	g.p("channels:")
+	g.p("\tCMPQ BX, R10")
+	g.p("\tJGE next")
+	g.p("\tVMULPS (SI)(BX*1), Y15, Y0") // best = s·a
+	g.p("\tVMULPS (DI)(BX*1), Y15, Y1")
+	g.p("\tVMULPS (R11)(BX*1), Y15, Y2")
+	g.p("\tVMULPS (R12)(BX*1), Y15, Y3")
+	maxInto := func(best, v string) {
+		r := g.emitMax(best, v, []string{"Y10", "Y11", "Y12"})
+		g.p("\tVMOVUPS %s, %s", r, best)
+	}
+	g.p("\tVCMPPS $0x1e, Y0, Y1, Y4") // c1
+	maxInto("Y0", "Y1")
+	g.p("\tVCMPPS $0x1e, Y0, Y2, Y7") // c2
+	maxInto("Y0", "Y2")
+	g.p("\tVCMPPS $0x1e, Y0, Y3, Y8") // c3
+	g.p("\tVMOVUPS (DX)(BX*1), Y9")
+	g.p("\tVANDNPS Y7, Y8, Y10")
+	g.p("\tVORPS Y7, Y8, Y11")
+	g.p("\tVORPS Y4, Y11, Y12")
+	g.p("\tVANDNPS Y4, Y11, Y13")
+	g.p("\tVANDNPS Y9, Y12, Y14")
+	// The gradient's positions: grad = in − CX, element for element.
+	g.p("\tMOVQ SI, R13")
+	g.p("\tSUBQ CX, R13")
+	g.p("\tVMOVUPS Y14, (R13)(BX*1)")
+	g.p("\tVANDPS Y9, Y13, Y13")
+	g.p("\tMOVQ DI, R13")
+	g.p("\tSUBQ CX, R13")
+	g.p("\tVMOVUPS Y13, (R13)(BX*1)")
+	g.p("\tVANDPS Y9, Y10, Y10")
+	g.p("\tMOVQ R11, R13")
+	g.p("\tSUBQ CX, R13")
+	g.p("\tVMOVUPS Y10, (R13)(BX*1)")
+	g.p("\tVANDPS Y9, Y8, Y8")
+	g.p("\tMOVQ R12, R13")
+	g.p("\tSUBQ CX, R13")
+	g.p("\tVMOVUPS Y8, (R13)(BX*1)")
+	g.poolRowAdvance()
 }
