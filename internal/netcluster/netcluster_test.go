@@ -206,9 +206,7 @@ func alive(pid int) bool {
 // TestCloseLeavesNothing: Close kills the processes left on the hosts (one started by Command, one by the
 // agent) and removes every namespace, file and directory the cluster made.
 func TestCloseLeavesNothing(t *testing.T) {
-	if err := netcluster.Available(); err != nil {
-		netcluster.ForTest(t, 2) // skips, or fails with CI=true
-	}
+	netcluster.Require(t)
 	c, err := netcluster.New(2)
 	require.NoError(t, err)
 	require.NotEmpty(t, leftovers(t, c.ID))
@@ -238,9 +236,9 @@ func TestCloseLeavesNothing(t *testing.T) {
 
 const orphanEnv = "NETCLUSTER_TEST_ORPHAN"
 
-// TestSweepRemovesClustersOfDeadProcesses: a process that builds a cluster, starts a process on it and
-// exits without closing it (a test binary killed by its timeout) leaves the cluster behind; Sweep removes
-// it and kills the process.
+// TestSweepRemovesClustersOfDeadProcesses: a process that builds a cluster, starts a process on it and is
+// killed (a test binary killed by its timeout, whose cleanups never run) leaves the cluster behind; Sweep
+// removes it and kills the process.
 func TestSweepRemovesClustersOfDeadProcesses(t *testing.T) {
 	if os.Getenv(orphanEnv) != "" {
 		c, err := netcluster.New(2)
@@ -254,24 +252,29 @@ func TestSweepRemovesClustersOfDeadProcesses(t *testing.T) {
 			os.Exit(1)
 		}
 		fmt.Println(c.ID, sleeper.Process.Pid)
-		os.Exit(0) // no Close, no cleanup
+		time.Sleep(10 * time.Minute) // until killed
+		os.Exit(1)
 	}
-	if err := netcluster.Available(); err != nil {
-		netcluster.ForTest(t, 2)
-	}
+	netcluster.Require(t)
 	self, err := os.Executable()
 	require.NoError(t, err)
 	orphan := exec.Command(self, "-test.run=^TestSweepRemovesClustersOfDeadProcesses$")
 	orphan.Env = append(os.Environ(), orphanEnv+"=1")
-	out, err := orphan.Output()
-	require.NoError(t, err, "%s", out)
+	stdout, err := orphan.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, orphan.Start())
+	defer func() { _ = orphan.Process.Kill(); _ = orphan.Wait() }()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "%s", line)
 	var id string
 	var pid int
-	_, err = fmt.Sscan(string(out), &id, &pid)
-	require.NoError(t, err, "%s", out)
-	require.NotEmpty(t, leftovers(t, id), "the dead process's cluster is there before the sweep")
-	require.True(t, alive(pid), "its process runs on")
+	_, err = fmt.Sscan(line, &id, &pid)
+	require.NoError(t, err, "%s", line)
+	require.NotEmpty(t, leftovers(t, id), "the cluster is there")
+	require.True(t, alive(pid), "its process runs")
 
+	require.NoError(t, orphan.Process.Kill())
+	_ = orphan.Wait()
 	require.NoError(t, netcluster.Sweep())
 	assert.Empty(t, leftovers(t, id))
 	assert.Eventually(t, func() bool { return !alive(pid) }, time.Minute, 50*time.Millisecond,

@@ -11,12 +11,7 @@ import (
 // binaries left behind.
 func ForTest(t testing.TB, hosts int, opts ...Option) *Cluster {
 	t.Helper()
-	if err := Available(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%v (CI=true: emulated clusters are required here)", err)
-		}
-		t.Skip(err)
-	}
+	Require(t)
 	if err := Sweep(); err != nil {
 		t.Logf("netcluster: sweeping clusters left by dead processes: %v", err)
 	}
@@ -30,4 +25,15 @@ func ForTest(t testing.TB, hosts int, opts ...Option) *Cluster {
 		}
 	})
 	return c
+}
+
+// Require skips t, saying why, when clusters cannot be built here, or fails it when CI=true.
+func Require(t testing.TB) {
+	t.Helper()
+	if err := Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%v (CI=true: emulated clusters are required here)", err)
+		}
+		t.Skip(err)
+	}
 }
