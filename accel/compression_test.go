@@ -26,13 +26,12 @@ import (
 // of at most u, half the format's spacing: 2^-8 for bfloat16 (8 significant bits), 2^-11 for fp16 (11).
 // The summands and the partial sums are at most Σ|g_r| in size, so the sum is off by at most N·u·Σ|g_r|
 // and the mean by N·u·ā, ā the ranks' mean |g_r| (to first order in u). An SGD step moves a weight by
-// lr·(mean), so its error is at most N·u·lr·ā; in these runs a step of one rank's own gradient, lr·ā, is
-// no larger than the largest weight of its variable (weights start at the scale of their initialisation,
-// biases grow from 0 by lr·g per step with gradients of one sign across steps), which makes each step's
-// error at most N·u relative to the variable's scale, and S steps at most S·N·u (the later steps'
-// gradients change with the perturbed weights only at second order). For bfloat16 on 4 ranks over 3
-// steps: 3·4·2^-8 ≈ 0.047; for fp16: 3·4·2^-11 ≈ 0.0059. The errors measured are 5 to 25 times smaller:
-// the bound adds every rounding at its largest, with one sign.
+// lr·(mean), so its error is at most N·u·lr·ā. Assuming that a step of one rank's own gradient (lr·ā)
+// moves no weight by more than the largest weight of its variable (here: three small SGD steps from the
+// initialisation's scale), each step's error is at most N·u relative to the variable's scale, and S steps' at most S·N·u (the later
+// steps' gradients change with the perturbed weights only at second order). For bfloat16 on 4 ranks over 3
+// steps: 3·4·2^-8 ≈ 0.047; for fp16: 3·4·2^-11 ≈ 0.0059. The errors measured are 5 to 25 times smaller: the
+// bound adds every rounding at its largest, with one sign.
 func compressedTolerance(format accumulate.Compression, ranks, steps int) float64 {
 	u := 0x1p-8
 	if format == accumulate.FP16 {
