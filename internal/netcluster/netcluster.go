@@ -98,7 +98,7 @@ const runDir = "/run/goaccel-netcluster"
 // namePrefix starts every name a cluster makes.
 const namePrefix = "gac"
 
-// commandTimeout bounds every ip, tc, unshare and umount the cluster runs: none takes long, and a hung one
+// commandTimeout bounds every ip, tc and unshare the cluster runs: none takes long, and a hung one
 // must not hang the test.
 const commandTimeout = time.Minute
 
@@ -141,7 +141,6 @@ type Option func(*config)
 
 type config struct {
 	rateBits int64
-	hz       int
 }
 
 // WithRate limits every host's link to bitsPerSecond in each direction (e.g. 1e9 for 1 Gbit/s), with a
@@ -150,7 +149,7 @@ func WithRate(bitsPerSecond int64) Option { return func(c *config) { c.rateBits 
 
 var seq atomic.Int64
 
-// New builds a cluster of hosts (2 to MaxHosts) on this machine. On failure it removes what it made.
+// New builds a cluster of hosts (1 to MaxHosts) on this machine. On failure it removes what it made.
 func New(hosts int, opts ...Option) (*Cluster, error) {
 	cfg := config{}
 	for _, opt := range opts {
@@ -169,10 +168,8 @@ func New(hosts int, opts ...Option) (*Cluster, error) {
 	id := fmt.Sprintf("%s%d-%d", namePrefix, os.Getpid(), seq.Add(1))
 	c := &Cluster{ID: id, Subnet: DefaultSubnet, bridgeNS: id + "-br", tools: t, RateBits: cfg.rateBits}
 	if c.RateBits > 0 {
-		if cfg.hz == 0 {
-			cfg.hz, _ = KernelHZ()
-		}
-		c.BurstBytes = BurstFor(c.RateBits, cfg.hz)
+		hz, _ := KernelHZ() // DefaultHZ when unreadable, as documented
+		c.BurstBytes = BurstFor(c.RateBits, hz)
 	}
 	addr := c.Subnet.Addr()
 	for i := range hosts {
