@@ -9,7 +9,7 @@ TAGS ?= blas
 MPI_TAGS ?= mpi,$(TAGS)
 DEMO_ARGS ?=
 
-.PHONY: all demo demo-mpi test vet build bench deps deps-openmpi deps-dataset deps-openblas deps-torch clean
+.PHONY: all demo demo-mpi test vet build bench deps deps-openmpi deps-dataset deps-openblas deps-torch deps-iproute2 clean
 
 all: build
 
@@ -22,6 +22,8 @@ deps-openblas:
 	@bash scripts/install-deps.sh openblas
 deps-torch:
 	@bash scripts/install-deps.sh torch
+deps-iproute2:
+	@bash scripts/install-deps.sh iproute2
 
 # Both binaries link MPI, so `bin/accel env` reports the MPI library the jobs will use.
 build: deps-openmpi deps-openblas
@@ -42,11 +44,12 @@ vet: deps-openmpi deps-openblas
 	$(GO) vet ./...
 	$(GO) vet -tags $(MPI_TAGS) ./...
 
-# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries) and the
-# bench's quick end-to-end run against PyTorch (hence deps-torch), with the BLAS path; then the compute
+# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries), the
+# ones across an emulated cluster of hosts (network namespaces: root and iproute2, hence deps-iproute2) and
+# the bench's quick end-to-end run against PyTorch (hence deps-torch), with the BLAS path; then the compute
 # packages again without it, so the pure-Go path stays tested too; then the
 # collective engines under the race detector, MPI ranks included (mpirun starts the race-built binary).
-test: deps deps-torch vet
+test: deps deps-torch deps-iproute2 vet
 	$(GO) test -count=1 -timeout 45m -tags $(TAGS) ./...
 	$(GO) test -count=1 -timeout 10m ./backends/compute/...
 	$(GO) test -count=1 -timeout 10m -race -tags $(MPI_TAGS) ./backends/ ./backends/enginetest/ ./backends/mpi/

@@ -88,6 +88,13 @@ func New(opts ...Option) (*Accelerator, error) {
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
+	if cfg.compression != accumulate.NoCompression {
+		if a.rt.CommHook, err = accumulate.NewCompressionHook(cfg.compression); err != nil {
+			err = fmt.Errorf("accel: %w", err)
+			a.closeAfterNew(err)
+			return nil, err
+		}
+	}
 	a.comm.SetDescriber(a.describe)
 	if cfg.checkpointDir != "" {
 		if err := a.holdCheckpointDir(cfg.checkpointDir); err != nil {

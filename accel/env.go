@@ -9,6 +9,7 @@ import (
 
 	gomlxbackends "github.com/gomlx/gomlx/backends"
 
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
 )
@@ -31,6 +32,10 @@ var envSettings = []envSetting{
 	}},
 	{backends.CallChecksEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithDebug) }},
 	{CheckReplicasEnvVar, func(v string) (Option, error) { return onWhenTrue(v, WithReplicaCheck) }},
+	{GradientCompressionEnvVar, func(v string) (Option, error) {
+		format, err := accumulate.ParseCompression(v)
+		return WithGradientCompression(format), err
+	}},
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
@@ -77,7 +82,7 @@ func parseSwitch(v string) (bool, error) {
 
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
-// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL,
+// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL,
 // GOACCEL_CONV, GOACCEL_BLAS_THREADS and CUDA_VISIBLE_DEVICES. New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
 // variable, never ignored.
@@ -128,6 +133,8 @@ type Configuration struct {
 	SyncEachBatch     bool
 	BucketCapMB       float64
 	Seed              uint64
+	// GradientCompression is the format gradient buckets travel in.
+	GradientCompression accumulate.Compression
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -144,7 +151,7 @@ func Resolve(opts ...Option) (Configuration, error) {
 	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
-		Seed: cfg.seed}, nil
+		Seed: cfg.seed, GradientCompression: cfg.compression}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
 )
@@ -16,7 +17,7 @@ import (
 // clearConfigEnv unsets every variable OptionsFromEnv reads, for the test's duration.
 func clearConfigEnv(t *testing.T) {
 	for _, name := range []string{backends.TimeoutEnvVar, backends.CallChecksEnvVar, accel.CheckReplicasEnvVar,
-		"GOMLX_BACKEND", compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar,
+		accel.GradientCompressionEnvVar, "GOMLX_BACKEND", compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar,
 		"CUDA_VISIBLE_DEVICES"} {
 		t.Setenv(name, "")
 	}
@@ -36,7 +37,16 @@ func TestResolveFromEnvironment(t *testing.T) {
 			assert.False(t, c.Debug)
 			assert.False(t, c.ReplicaCheck)
 			assert.Equal(t, compute.Config{}, c.Compute)
+			assert.Equal(t, accumulate.NoCompression, c.GradientCompression)
 		}},
+		{"gradient compression", map[string]string{accel.GradientCompressionEnvVar: "bf16"}, nil,
+			func(t *testing.T, c accel.Configuration) {
+				assert.Equal(t, accumulate.BF16, c.GradientCompression)
+			}},
+		{"the option wins over the compression variable", map[string]string{accel.GradientCompressionEnvVar: "bf16"},
+			[]accel.Option{accel.WithGradientCompression(accumulate.FP16)}, func(t *testing.T, c accel.Configuration) {
+				assert.Equal(t, accumulate.FP16, c.GradientCompression)
+			}},
 		{"timeout as a duration", map[string]string{backends.TimeoutEnvVar: "45s"}, nil, func(t *testing.T, c accel.Configuration) {
 			assert.Equal(t, 45*time.Second, c.CollectiveTimeout)
 		}},
@@ -105,6 +115,7 @@ func TestUnreadableEnvironmentIsAnError(t *testing.T) {
 		{compute.ThreadsEnvVar, "0", "want a positive number of threads"},
 		{backends.CallChecksEnvVar, "enabled", `want 1, true, yes or on (or 0, false, no, off), got "enabled"`},
 		{accel.CheckReplicasEnvVar, "2", `want 1, true, yes or on (or 0, false, no, off), got "2"`},
+		{accel.GradientCompressionEnvVar, "int8", `accumulate: unknown gradient compression "int8" (want bf16, fp16 or none)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

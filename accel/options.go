@@ -29,6 +29,7 @@ type config struct {
 	timeout           time.Duration
 	checkpointLimit   int
 	checkpointDir     string
+	compression       accumulate.Compression
 	out               io.Writer
 	trackers          []Tracker
 
@@ -45,6 +46,10 @@ type config struct {
 // CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1, true, yes or on (read with
 // the other variables by OptionsFromEnv).
 const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
+
+// GradientCompressionEnvVar sets the format gradients travel in (see WithGradientCompression): bf16, fp16 or
+// none (read with the other variables by OptionsFromEnv).
+const GradientCompressionEnvVar = "GOACCEL_GRADIENT_COMPRESSION"
 
 func defaultConfig() config {
 	return config{
@@ -72,6 +77,10 @@ func (c config) validate() error {
 	if c.computeThreads < 0 {
 		return fmt.Errorf("accel: compute threads must not be negative, got %d", c.computeThreads)
 	}
+	if !c.compression.Valid() {
+		return fmt.Errorf("accel: gradient compression must be accumulate.NoCompression, BF16 or FP16, got %s",
+			c.compression)
+	}
 	return nil
 }
 
@@ -96,6 +105,17 @@ func WithSplitBatches() Option { return func(c *config) { c.splitBatches = true 
 // more of a sync's device-to-host copies overlap the reduction of the buckets before them; larger ones pay
 // per-call overheads less often.
 func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB = mb } }
+
+// WithGradientCompression sends gradient buckets between processes as 16-bit floats, accumulate.BF16 or
+// accumulate.FP16, like PyTorch DDP's bf16_compress_hook and fp16_compress_hook: the wire carries half
+// the bytes, the sum is computed in float32 on arrival (each addition rounded back to 16 bits once), and
+// the accumulators, the averaging and the optimizer stay float32. The synced gradient then differs from the
+// exact one by rounding (docs/semantics.md section 10); with one process nothing travels and nothing
+// changes. accumulate.NoCompression is the default. GOACCEL_GRADIENT_COMPRESSION=bf16|fp16|none sets it too;
+// every rank must use the same format (the ranks compare it on the first Backward).
+func WithGradientCompression(format accumulate.Compression) Option {
+	return func(c *config) { c.compression = format }
+}
 
 // WithSeed sets the seed data loaders shuffle with (default 42). Every rank must use the same seed.
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }

@@ -3,6 +3,7 @@ package accel
 import (
 	"fmt"
 
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -19,6 +20,8 @@ func (a *Accelerator) settings() []replicas.Setting {
 		{Name: "split batches", Value: fmt.Sprint(a.cfg.splitBatches)},
 		{Name: "seed", Value: fmt.Sprint(a.cfg.seed)},
 		{Name: "bucket cap (MB)", Value: fmt.Sprint(a.cfg.bucketCapMB)},
+		{Name: "gradient communication hook (GOACCEL_GRADIENT_COMPRESSION or accel.WithGradientCompression)",
+			Value: a.commHookName()},
 		{Name: "replica check", Value: fmt.Sprint(a.cfg.checkReplicas)},
 		{Name: "debug mode (collective call checks)", Value: fmt.Sprint(a.comm.CallChecks())},
 		{Name: "the number of prepared models", Value: fmt.Sprint(len(a.models))},
@@ -36,6 +39,15 @@ func (a *Accelerator) settings() []replicas.Setting {
 		s = append(s, replicas.Setting{Name: fmt.Sprintf("optimizer %d's configuration", i), Value: o.Describe()})
 	}
 	return s
+}
+
+// commHookName names the hook that carries the gradient buckets between ranks: another hook on one rank
+// would put buffers of another element type into the same collective (garbage, or MPI_ERR_TRUNCATE).
+func (a *Accelerator) commHookName() string {
+	if a.rt.CommHook == nil {
+		return accumulate.IdentityHook{}.Name()
+	}
+	return a.rt.CommHook.Name()
 }
 
 // agreeOnSettings compares the settings across ranks once, on the first Backward: every rank calls it at

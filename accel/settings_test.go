@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/testmodel"
@@ -28,7 +29,8 @@ type settingsRun struct {
 	lr    float64
 	split bool
 	// fewer examples in the rank's dataset than the others' (as many batches per rank all the same)
-	fewer int
+	fewer       int
+	compression accumulate.Compression
 }
 
 // settingsCases give the last rank (or, for the seed, every rank) a setting of its own. want is what the
@@ -75,6 +77,20 @@ var settingsCases = map[string]struct {
 				fmt.Sprintf("rank %d has %d", size-1, 8*size-1)
 		},
 	},
+	"gradient compression": {
+		func(rank, size int) settingsRun {
+			s := settingsRun{k: 2, seed: 1, batch: 2, lr: 0.01}
+			if rank == size-1 {
+				s.compression = accumulate.BF16
+			}
+			return s
+		},
+		func(size int) string {
+			return "disagree on gradient communication hook (GOACCEL_GRADIENT_COMPRESSION or " +
+				"accel.WithGradientCompression): " + others(size) + " identity; " +
+				fmt.Sprintf("rank %d has bf16 compression", size-1)
+		},
+	},
 	"learning rate": {
 		func(rank, size int) settingsRun {
 			return settingsRun{k: 2, seed: 1, batch: 2, lr: 0.01 * float64(1+boolInt(rank == size-1))}
@@ -112,7 +128,8 @@ func TestMPISettingsMismatch(t *testing.T) {
 			// Every rank must run the cases in the same order: their collectives match by order.
 			for _, name := range slices.Sorted(maps.Keys(settingsCases)) {
 				s := settingsCases[name].run(keeper.Rank(), keeper.Size())
-				opts := []accel.Option{accel.WithBackend("go"), accel.WithGradientAccumulationSteps(s.k), accel.WithSeed(s.seed)}
+				opts := []accel.Option{accel.WithBackend("go"), accel.WithGradientAccumulationSteps(s.k), accel.WithSeed(s.seed),
+					accel.WithGradientCompression(s.compression)}
 				if s.split {
 					opts = append(opts, accel.WithSplitBatches())
 				}

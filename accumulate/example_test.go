@@ -208,3 +208,48 @@ func ExampleReplicated() {
 	// rank 3 owns [0:10]
 	// replicated identity
 }
+
+// A compression hook sends buckets as 16-bit floats: half the bytes on the wire, summed in float32 on
+// arrival, and written back into the float32 bucket. 1 + 1/512 is not a bfloat16 (8 significant bits), so
+// it travels as 1.
+func ExampleNewCompressionHook() {
+	plan, err := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 3)}}, 0, 1<<20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	comms, err := backends.NewInProcessGroup(2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sync := func(rank int, bucket *tensors.Tensor) error {
+		hook, err := accumulate.NewCompressionHook(accumulate.BF16)
+		if err != nil {
+			return err
+		}
+		return accumulate.NewReducer(comms[rank], plan, accumulate.WithCommHook(hook)).Sync([]*tensors.Tensor{bucket})
+	}
+	mine, theirs := tensors.FromValue([]float32{1 + 1.0/512, 2, 3}), tensors.FromValue([]float32{1, 0.5, -3})
+	done := make(chan error)
+	go func() { done <- sync(1, theirs) }()
+	err = sync(0, mine)
+	fmt.Println(err, <-done, tensors.MustCopyFlatData[float32](mine))
+	fmt.Println("bytes on the wire:", comms[0].Stats().Of(backends.OpAllReduce).Bytes, "for a bucket of", plan.Buckets[0].Bytes())
+	// Output:
+	// <nil> <nil> [2 2.5 0]
+	// bytes on the wire: 6 for a bucket of 12
+}
+
+// ParseCompression reads the names GOACCEL_GRADIENT_COMPRESSION takes.
+func ExampleParseCompression() {
+	for _, name := range []string{"bf16", "fp16", "none", "int8"} {
+		c, err := accumulate.ParseCompression(name)
+		fmt.Println(c, err)
+	}
+	// Output:
+	// bf16 <nil>
+	// fp16 <nil>
+	// none <nil>
+	// none accumulate: unknown gradient compression "int8" (want bf16, fp16 or none)
+}

@@ -21,6 +21,11 @@ import (
 	"sort"
 	"sync"
 	"unsafe"
+
+	"github.com/gomlx/gomlx/pkg/core/dtypes/bfloat16"
+	"github.com/x448/float16"
+
+	"github.com/goaccel/goaccel/internal/half"
 )
 
 // Request is an operation in flight on an engine.
@@ -119,15 +124,23 @@ func OpenEngine(name string, topo Topology) (Engine, error) {
 type ElementKind int
 
 // Element kinds; the names match MPI's and GoMLX's dtypes.
+//
+// BFloat16 and Float16 are the 16-bit formats compressed gradients travel in (Go types
+// bfloat16.BFloat16 from GoMLX and float16.Float16 from github.com/x448/float16, GoMLX's own). Their sum
+// is computed in float32: every engine converts each pair of values to float32, adds them there and rounds
+// the sum to the 16-bit format (to nearest, ties to even). A reduction over N ranks adds N-1 times, so an
+// element carries up to N-1 roundings of partial sums (see docs/semantics.md section 10).
 const (
 	Float32 ElementKind = iota
 	Float64
 	Int32
 	Int64
 	Uint8
+	BFloat16
+	Float16
 )
 
-var elementKindNames = [...]string{"float32", "float64", "int32", "int64", "uint8"}
+var elementKindNames = [...]string{"float32", "float64", "int32", "int64", "uint8", "bfloat16", "float16"}
 
 func (k ElementKind) String() string {
 	// Safe on any value: a peer's call record may hold anything (a rank out of step, a corrupted message).
@@ -155,7 +168,7 @@ type BufferInfo = Buffer
 
 // Element is the set of Go element types collectives accept.
 type Element interface {
-	float32 | float64 | int32 | int64 | uint8
+	float32 | float64 | int32 | int64 | uint8 | bfloat16.BFloat16 | float16.Float16
 }
 
 // KindOf is the element kind of T.
@@ -170,6 +183,10 @@ func KindOf[T Element]() ElementKind {
 		return Int32
 	case int64:
 		return Int64
+	case bfloat16.BFloat16:
+		return BFloat16
+	case float16.Float16:
+		return Float16
 	}
 	return Uint8
 }
@@ -224,16 +241,18 @@ func (k ElementKind) Size() int {
 		return 4
 	case Float64, Int64:
 		return 8
+	case BFloat16, Float16:
+		return 2
 	}
 	return 1
 }
 
-// Elements classifies buf, which must be a []float32, []float64, []int32, []int64 or []byte, or a Buffer
-// (returned as it is).
+// Elements classifies buf, which must be a []float32, []float64, []int32, []int64, []byte,
+// []bfloat16.BFloat16 or []float16.Float16, or a Buffer (returned as it is).
 func Elements(buf any) (Buffer, error) {
 	switch b := buf.(type) {
 	case Buffer:
-		if b.Kind < Float32 || b.Kind > Uint8 || b.Len < 0 || b.Bytes != b.Len*b.Kind.Size() || (b.Len > 0) != (b.Ptr != nil) {
+		if b.Kind < Float32 || b.Kind > Float16 || b.Len < 0 || b.Bytes != b.Len*b.Kind.Size() || (b.Len > 0) != (b.Ptr != nil) {
 			return Buffer{}, fmt.Errorf("backends: malformed buffer %+v", b)
 		}
 		return b, nil
@@ -247,9 +266,13 @@ func Elements(buf any) (Buffer, error) {
 		return BufferOf(b), nil
 	case []byte:
 		return BufferOf(b), nil
+	case []bfloat16.BFloat16:
+		return BufferOf(b), nil
+	case []float16.Float16:
+		return BufferOf(b), nil
 	default:
 		return Buffer{}, fmt.Errorf("backends: collective buffers must be []float32, []float64, []int32, "+
-			"[]int64 or []byte, got %T", buf)
+			"[]int64, []byte, []bfloat16.BFloat16 or []float16.Float16, got %T", buf)
 	}
 }
 
@@ -268,15 +291,26 @@ func sumInto(dst, src Buffer) error {
 		addSlices(View[int32](dst), View[int32](src))
 	case Int64:
 		addSlices(View[int64](dst), View[int64](src))
+	case BFloat16:
+		addRounded(View[bfloat16.BFloat16](dst), View[bfloat16.BFloat16](src), half.SumBF16)
+	case Float16:
+		addRounded(View[float16.Float16](dst), View[float16.Float16](src), half.SumFP16)
 	default:
 		addSlices(View[uint8](dst), View[uint8](src))
 	}
 	return nil
 }
 
-func addSlices[T Element](dst, src []T) {
+func addSlices[T int32 | int64 | uint8 | float32 | float64](dst, src []T) {
 	for i, v := range src {
 		dst[i] += v
+	}
+}
+
+// addRounded adds src into dst with a 16-bit format's sum (float32 addition, one rounding).
+func addRounded[T bfloat16.BFloat16 | float16.Float16](dst, src []T, sum func(a, b T) T) {
+	for i, v := range src {
+		dst[i] = sum(dst[i], v)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/gomlx/gomlx/pkg/core/dtypes/bfloat16"
+
 	"github.com/goaccel/goaccel/backends"
 )
 
@@ -107,4 +109,29 @@ func ExampleBufferOf() {
 	// Output:
 	// int32 4 16
 	// [10 20 99 40]
+}
+
+// bfloat16 buffers are summed in float32 and rounded back once per addition: 256 + 1 is not a bfloat16
+// (8 significant bits) and rounds to even, 256; 1.5 + 1.5 is exact. The buffer counts 2 bytes an element.
+func ExampleBFloat16() {
+	comms, err := backends.NewInProcessGroup(2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	bufs := [][]bfloat16.BFloat16{
+		{bfloat16.FromFloat32(256), bfloat16.FromFloat32(1.5)},
+		{bfloat16.FromFloat32(1), bfloat16.FromFloat32(1.5)},
+	}
+	var wg sync.WaitGroup
+	for rank, comm := range comms {
+		wg.Go(func() {
+			if err := comm.AllReduceSum(bufs[rank]); err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println(bufs[0], bufs[1], backends.BufferOf(bufs[0]).Kind, comms[0].Stats().Of(backends.OpAllReduce).Bytes, "bytes")
+	// Output: [256 3] [256 3] bfloat16 4 bytes
 }

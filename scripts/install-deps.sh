@@ -4,7 +4,9 @@
 #   dataset  - Fashion-MNIST in /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)
 #   openblas - OpenBLAS headers and library for the `blas` build tag (the fast CPU matmul path)
 #   torch    - PyTorch (Debian python3-torch), the peer `make bench` measures goaccel against
-# Usage: scripts/install-deps.sh [openmpi] [dataset] [openblas] [torch]   (no argument: the first three)
+#   iproute2 - ip and tc, with which the tests build emulated clusters of hosts (network namespaces on a
+#              bridge, rate limits); unshare and nsenter come from util-linux, which Debian always has
+# Usage: scripts/install-deps.sh [openmpi] [dataset] [openblas] [torch] [iproute2]   (no argument: the first three)
 set -euo pipefail
 
 want=("$@")
@@ -26,8 +28,12 @@ for w in "${want[@]}"; do
 	torch)
 		/usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || packages+=(python3-torch)
 		;;
+	iproute2)
+		PATH="$PATH:/usr/sbin:/sbin" command -v ip >/dev/null 2>&1 && PATH="$PATH:/usr/sbin:/sbin" command -v tc >/dev/null 2>&1 ||
+			packages+=(iproute2)
+		;;
 	*)
-		echo "install-deps: unknown component '$w' (want openmpi, dataset, openblas or torch)" >&2
+		echo "install-deps: unknown component '$w' (want openmpi, dataset, openblas, torch or iproute2)" >&2
 		exit 2
 		;;
 	esac

@@ -2,15 +2,18 @@
 // engine authors and for goaccel's own tests: every rank of a group calls [Check] on its Communicator at the
 // same time, and each gets back nil or what went wrong on that rank.
 //
-// Check runs a fixed sequence of collectives — all-reduces of every element kind with rank-dependent values
-// and lengths 0, 1, 7 and about a million; several all-reduces in flight at once, waited in a different
+// Check runs a fixed sequence of collectives — all-reduces of every element kind (the 16-bit float kinds
+// included) with rank-dependent values and lengths 0, 1, 7 and about a million; several all-reduces in flight at once, waited in a different
 // order than started; a broadcast from every root; all-gathers; reduce-scatters of every kind, and a
 // sharded gradient sync (reduce-scatter, then all-gather of the summed shards) with both halves in flight
 // beside an all-reduce; barriers; and calls the Communicator must
 // reject without talking — and verifies every result exactly. The values are chosen so that sums are exact
-// in any reduction order (integers and small binary fractions for floats; uint8 sums wrap modulo 256, as in
-// C), so an engine free to reorder its reduction still has exactly one right answer. Finally it checks that
-// the Communicator's counters grew by exactly the calls and bytes of the sequence.
+// in any reduction order (integers and small binary fractions for floats, integers of a few bits times a
+// power of two for bfloat16 and fp16; uint8 sums wrap modulo 256, as in C), so an engine free to reorder its
+// reduction still has exactly one right answer. On one or two ranks, where a sum is a single addition and
+// so has one right answer whatever the order, it also sums 16-bit values that must round, and checks the
+// rounding against package half's (float32 addition, round to nearest even). Finally it checks that the
+// Communicator's counters grew by exactly the calls and bytes of the sequence.
 //
 // The same sequence runs in a goroutine per rank of an in-process group, in the single-process engine, and
 // in each process of an `mpirun -np N` job, which is how goaccel checks its MPI binding.
@@ -19,9 +22,15 @@ package enginetest
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"unsafe"
 
+	"github.com/gomlx/gomlx/pkg/core/dtypes/bfloat16"
+	"github.com/x448/float16"
+
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/internal/half"
 )
 
 // DefaultLargeLen is the length of the large all-reduce buffers: a million elements, the size of a typical
@@ -61,6 +70,7 @@ func Check(comm *backends.Communicator, opts ...Option) error {
 	c := &checker{comm: comm, rank: comm.Rank(), size: comm.Size(), before: comm.Stats()}
 	steps := []func() error{
 		func() error { return c.allReduces(cfg.largeLen) },
+		c.halfRounding,
 		c.asyncAllReduces,
 		c.broadcasts,
 		c.allGathers,
@@ -102,10 +112,12 @@ func (c *checker) count(op backends.Op, bytes int) {
 	c.wantBytes[op] += int64(bytes)
 }
 
-// elem is the set of Go element types collectives accept.
-type elem interface {
+// number is the element types Go can add with +.
+type number interface {
 	~float32 | ~float64 | ~int32 | ~int64 | ~uint8
 }
+
+func plus[T number](a, b T) T { return a + b }
 
 // kindCase builds buffers of one element kind. Values depend on rank and index, and are exact under
 // summation in any order.
@@ -124,7 +136,8 @@ type kindCase struct {
 	compare func(got, want any) error
 }
 
-func newKindCase[T elem](kind backends.ElementKind, value func(rank, i int) T) kindCase {
+// newKindCase builds the case of one element type; add is the engines' sum of two elements.
+func newKindCase[T comparable](kind backends.ElementKind, value func(rank, i int) T, add func(a, b T) T) kindCase {
 	var zero T
 	return kindCase{
 		kind:     kind,
@@ -140,7 +153,11 @@ func newKindCase[T elem](kind backends.ElementKind, value func(rank, i int) T) k
 			b := make([]T, n)
 			for r := range size {
 				for i := range b {
-					b[i] += value(r, i)
+					if r == 0 {
+						b[i] = value(r, i)
+					} else {
+						b[i] = add(b[i], value(r, i))
+					}
 				}
 			}
 			return b
@@ -162,7 +179,7 @@ func newKindCase[T elem](kind backends.ElementKind, value func(rank, i int) T) k
 			}
 			for i := range got {
 				if got[i] != want[i] {
-					return fmt.Errorf("element %d is %v, want %v", i, got[i], want[i])
+					return fmt.Errorf("element %d is %s, want %s", i, show(got[i]), show(want[i]))
 				}
 			}
 			return nil
@@ -171,7 +188,10 @@ func newKindCase[T elem](kind backends.ElementKind, value func(rank, i int) T) k
 }
 
 // kindCases covers every element kind. Signs alternate so that sums cross zero; the magnitudes use the
-// high bits of the integer kinds, and uint8 sums overflow on purpose.
+// high bits of the integer kinds, and uint8 sums overflow on purpose. The 16-bit float values are
+// integers below 16 times a power of two that varies with the index (over bfloat16's wide exponent range,
+// and fp16's narrow one), with one sign per index: every partial sum of up to 8 ranks is an integer below
+// 256 times that power, exact in both formats.
 var kindCases = []kindCase{
 	newKindCase(backends.Float32, func(rank, i int) float32 {
 		v := float32((rank+1)*(i%13+1)) + float32(rank%4)/4
@@ -179,23 +199,104 @@ var kindCases = []kindCase{
 			v = -v
 		}
 		return v
-	}),
+	}, plus),
 	newKindCase(backends.Float64, func(rank, i int) float64 {
 		v := float64(rank+1)*(1<<33) + float64(i%1021) + float64(rank%2)/2
 		if i%3 == 1 {
 			v = -v
 		}
 		return v
-	}),
+	}, plus),
 	newKindCase(backends.Int32, func(rank, i int) int32 {
 		return int32((rank+1)*100_003 - (i%9973)*(rank%3+1)*1000)
-	}),
+	}, plus),
 	newKindCase(backends.Int64, func(rank, i int) int64 {
 		return int64(rank+1)<<40 - int64(i)*int64(rank+1)
-	}),
+	}, plus),
 	newKindCase(backends.Uint8, func(rank, i int) uint8 {
 		return uint8(rank*37 + i*11 + 200)
-	}),
+	}, plus),
+	newKindCase(backends.BFloat16, func(rank, i int) bfloat16.BFloat16 {
+		return half.BF16(exactHalf(rank, i, 10*(i%11-5)))
+	}, half.SumBF16),
+	newKindCase(backends.Float16, func(rank, i int) float16.Float16 {
+		return half.FP16(exactHalf(rank, i, i%11-8))
+	}, half.SumFP16),
+}
+
+// show formats an element for an error: 16-bit floats by their value (their String prints every digit).
+func show(v any) string {
+	switch x := v.(type) {
+	case bfloat16.BFloat16:
+		return fmt.Sprintf("%g", x.Float32())
+	case float16.Float16:
+		return fmt.Sprintf("%g", x.Float32())
+	}
+	return fmt.Sprint(v)
+}
+
+// exactHalf is the 16-bit cases' value: (rank mod 3 + 1)·(i mod 5 + 1)·2^exp, negative for odd i.
+func exactHalf(rank, i, exp int) float32 {
+	v := float32(math.Ldexp(float64((rank%3+1)*(i%5+1)), exp))
+	if i%2 == 1 {
+		v = -v
+	}
+	return v
+}
+
+// halfRounding sums bfloat16 and fp16 values whose sums round, on one or two ranks: there the sum is one
+// addition (or none), which has one right answer in any order, so the engine's rounding is checked exactly
+// against package half's. Values are random finite 16-bit patterns, drawn per rank from a fixed seed.
+func (c *checker) halfRounding() error {
+	if c.size > 2 {
+		return nil
+	}
+	bfFinite := func(v uint16) bool { return v&0x7f80 != 0x7f80 }
+	fpFinite := func(v uint16) bool { return v&0x7c00 != 0x7c00 }
+	if err := roundedSum(c, func(rank int) []bfloat16.BFloat16 { return drawHalves[bfloat16.BFloat16](rank, bfFinite) },
+		half.SumBF16); err != nil {
+		return err
+	}
+	return roundedSum(c, func(rank int) []float16.Float16 { return drawHalves[float16.Float16](rank, fpFinite) },
+		half.SumFP16)
+}
+
+// drawHalves is rank's values for halfRounding: 4099 finite 16-bit patterns.
+func drawHalves[T ~uint16](rank int, finite func(uint16) bool) []T {
+	const n = 4099
+	rng := rand.New(rand.NewPCG(uint64(rank)+11, 13))
+	vals := make([]T, 0, n)
+	for len(vals) < n {
+		if v := uint16(rng.Uint32()); finite(v) {
+			vals = append(vals, T(v))
+		}
+	}
+	return vals
+}
+
+// roundedSum all-reduces this rank's values of(rank) and compares the result with every rank's values
+// added in rank order.
+func roundedSum[T bfloat16.BFloat16 | float16.Float16](c *checker, of func(rank int) []T, add func(a, b T) T) error {
+	buf := of(c.rank)
+	want := of(0)
+	for r := 1; r < c.size; r++ {
+		for i, v := range of(r) {
+			want[i] = add(want[i], v)
+		}
+	}
+	b := backends.BufferOf(buf)
+	if err := c.comm.AllReduceSum(buf); err != nil {
+		return fmt.Errorf("rounded all-reduce %s[%d]: %w", b.Kind, b.Len, err)
+	}
+	c.count(backends.OpAllReduce, b.Bytes)
+	for i := range buf {
+		if buf[i] != want[i] {
+			c.fail(fmt.Errorf("rounded all-reduce %s[%d]: element %d is %s (%#04x), want %s (%#04x)", b.Kind, b.Len, i,
+				show(buf[i]), uint16(buf[i]), show(want[i]), uint16(want[i])))
+			break
+		}
+	}
+	return nil
 }
 
 // allReduces sums buffers of every kind and length, one collective at a time.

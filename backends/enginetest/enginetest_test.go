@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gomlx/gomlx/pkg/core/dtypes/bfloat16"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -101,6 +102,14 @@ func (e faultyEngine) StartAllReduceSum(buf backends.Buffer) (backends.Request, 
 				}
 			}
 		}
+	case "16-bit floats one ulp off":
+		// A sum that converts or rounds 16-bit floats wrongly: every value moves to its neighbour.
+		if buf.Kind == backends.BFloat16 {
+			b := backends.View[bfloat16.BFloat16](buf)
+			for i := range b {
+				b[i]++
+			}
+		}
 	case "hangs":
 		return pendingForever{}, nil
 	case "fails":
@@ -140,6 +149,7 @@ func TestCheckCatchesFaultyEngines(t *testing.T) {
 	}{
 		{"phantom rank", "all-reduce float32[1]: element 0 is 2, want 1"},
 		{"saturating uint8", "all-reduce uint8[1048576]: element 0 is 255, want 200"},
+		{"16-bit floats one ulp off", "all-reduce bfloat16[1]: element 0 is 8.951173e-16, want 8.881784e-16"},
 		{"broadcast scribbles", "broadcast int64[260] from root 0: element 259"},
 		{"gather ignores recv", "all-gather float32[5]: element 0"},
 		{"scatter drops the tail", "reduce-scatter float32[7]: element 6"},

@@ -36,6 +36,12 @@
 // 255 where C, Go and goaccel's other engines wrap modulo 256 (open-mpi/ompi#8045). goaccel's conformance
 // check (backends/enginetest) found this on the first run.
 //
+// bfloat16 and fp16 buffers (compressed gradients) travel as MPI_UINT16_T, and their sums are user-defined
+// operations too: each pair of values is converted to float32, added there, and the sum rounded back to
+// the 16-bit format (to nearest, ties to even), so a reduction over N ranks rounds N-1 times. The C
+// conversions follow package internal/half, which the in-process engine uses; TestHalfSumsMatchGo compares
+// them bit for bit.
+//
 // Abort calls MPI_Abort on MPI_COMM_WORLD, which makes the launcher end every rank of the job.
 //
 // # Launching

@@ -3,7 +3,9 @@
 package mpi
 
 /*
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <mpi.h>
 #include <time.h>
 
@@ -23,6 +25,9 @@ static MPI_Datatype goaccel_datatype(int kind) {
 	case 2: return MPI_INT32_T;
 	case 3: return MPI_INT64_T;
 	case 4: return MPI_UINT8_T;
+	case 5: // bfloat16
+	case 6: // float16
+		return MPI_UINT16_T;
 	}
 	return MPI_DATATYPE_NULL;
 }
@@ -54,22 +59,150 @@ static void goaccel_sum_uint8(void *in, void *inout, int *len, MPI_Datatype *typ
 	}
 }
 
-static MPI_Op goaccel_op_sum_uint8;
-
-static int goaccel_create_ops(void) {
-	return MPI_Op_create(goaccel_sum_uint8, 1, &goaccel_op_sum_uint8);
+// bfloat16 and IEEE binary16 (fp16) have no MPI datatype: buffers travel as MPI_UINT16_T, and their sums
+// are user-defined operations that convert each pair to float32, add there and round the sum back to the
+// 16-bit format, to nearest with ties to even. MPI applies the operation once per combination of two
+// partial results, so a reduction over N ranks rounds N-1 times. The rules are package internal/half's,
+// which the in-process engine uses; this package's tests compare the two bit for bit.
+static inline float goaccel_f32_from_bits(uint32_t bits) {
+	float f;
+	memcpy(&f, &bits, sizeof f);
+	return f;
 }
 
-static int goaccel_free_ops(void) { return MPI_Op_free(&goaccel_op_sum_uint8); }
+static inline uint32_t goaccel_bits_of_f32(float f) {
+	uint32_t bits;
+	memcpy(&bits, &f, sizeof bits);
+	return bits;
+}
+
+static inline float goaccel_bf16_value(uint16_t h) { return goaccel_f32_from_bits((uint32_t)h << 16); }
+
+static inline uint16_t goaccel_bf16_round(float f) {
+	uint32_t bits = goaccel_bits_of_f32(f);
+	if ((bits & 0x7fffffffu) > 0x7f800000u) {
+		return (uint16_t)((bits >> 16) | 0x0040u); // NaN stays NaN
+	}
+	return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// The fp16 conversions follow github.com/x448/float16 (f16bitsToF32bits, f32bitsToF16bits).
+static inline float goaccel_fp16_value(uint16_t h) {
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+	uint32_t exp = (uint32_t)(h & 0x7c00u) >> 10;
+	uint32_t coef = (uint32_t)(h & 0x03ffu) << 13;
+	if (exp == 0x1f) {
+		return goaccel_f32_from_bits(sign | (coef == 0 ? 0x7f800000u : 0x7fc00000u) | coef);
+	}
+	if (exp == 0) {
+		if (coef == 0) {
+			return goaccel_f32_from_bits(sign);
+		}
+		exp++;
+		while ((coef & 0x7f800000u) == 0) {
+			coef <<= 1;
+			exp--;
+		}
+		coef &= 0x007fffffu;
+	}
+	return goaccel_f32_from_bits(sign | ((exp + (0x7f - 0xf)) << 23) | coef);
+}
+
+static inline uint16_t goaccel_fp16_round(float f) {
+	uint32_t u = goaccel_bits_of_f32(f);
+	uint32_t sign = u & 0x80000000u, exp = u & 0x7f800000u, coef = u & 0x007fffffu;
+	if (exp == 0x7f800000u) {
+		uint32_t nan_bit = coef != 0 ? 0x0200u : 0;
+		return (uint16_t)((sign >> 16) | 0x7c00u | nan_bit | (coef >> 13));
+	}
+	uint32_t half_sign = sign >> 16;
+	int32_t half_exp = (int32_t)(exp >> 23) - 127 + 15;
+	if (half_exp >= 0x1f) {
+		return (uint16_t)(half_sign | 0x7c00u);
+	}
+	if (half_exp <= 0) {
+		if (14 - half_exp > 24) {
+			return (uint16_t)half_sign;
+		}
+		uint32_t c = coef | 0x00800000u;
+		uint32_t half_coef = c >> (uint32_t)(14 - half_exp);
+		uint32_t round_bit = 1u << (uint32_t)(13 - half_exp);
+		if ((c & round_bit) != 0 && (c & (3 * round_bit - 1)) != 0) {
+			half_coef++;
+		}
+		return (uint16_t)(half_sign | half_coef);
+	}
+	uint32_t half_coef = coef >> 13;
+	uint32_t round_bit = 0x00001000u;
+	uint32_t result = half_sign | ((uint32_t)half_exp << 10) | half_coef;
+	if ((coef & round_bit) != 0 && (coef & (3 * round_bit - 1)) != 0) {
+		result++;
+	}
+	return (uint16_t)result;
+}
+
+static void goaccel_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type) {
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	for (int i = 0; i < *len; i++) {
+		b[i] = goaccel_bf16_round(goaccel_bf16_value(a[i]) + goaccel_bf16_value(b[i]));
+	}
+}
+
+static void goaccel_sum_fp16(void *in, void *inout, int *len, MPI_Datatype *type) {
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	for (int i = 0; i < *len; i++) {
+		b[i] = goaccel_fp16_round(goaccel_fp16_value(a[i]) + goaccel_fp16_value(b[i]));
+	}
+}
+
+static MPI_Op goaccel_op_sum_uint8, goaccel_op_sum_bf16, goaccel_op_sum_fp16;
+
+static int goaccel_create_ops(void) {
+	int rc = MPI_Op_create(goaccel_sum_uint8, 1, &goaccel_op_sum_uint8);
+	if (rc == MPI_SUCCESS) {
+		rc = MPI_Op_create(goaccel_sum_bf16, 1, &goaccel_op_sum_bf16);
+	}
+	if (rc == MPI_SUCCESS) {
+		rc = MPI_Op_create(goaccel_sum_fp16, 1, &goaccel_op_sum_fp16);
+	}
+	return rc;
+}
+
+static int goaccel_free_ops(void) {
+	int rc = MPI_Op_free(&goaccel_op_sum_uint8);
+	int rc2 = MPI_Op_free(&goaccel_op_sum_bf16);
+	int rc3 = MPI_Op_free(&goaccel_op_sum_fp16);
+	return rc != MPI_SUCCESS ? rc : rc2 != MPI_SUCCESS ? rc2 : rc3;
+}
+
+// goaccel_sum_op is the operation that sums elements of a kind (backends.ElementKind's numbers).
+static MPI_Op goaccel_sum_op(int kind) {
+	switch (kind) {
+	case 4: return goaccel_op_sum_uint8;
+	case 5: return goaccel_op_sum_bf16;
+	case 6: return goaccel_op_sum_fp16;
+	}
+	return MPI_SUM;
+}
+
+// goaccel_sum_halves applies the 16-bit sum of kind (5 or 6) to two buffers as MPI would, for the tests.
+static void goaccel_sum_halves(int kind, void *in, void *inout, int len) {
+	if (kind == 5) {
+		goaccel_sum_bf16(in, inout, &len, NULL);
+	} else {
+		goaccel_sum_fp16(in, inout, &len, NULL);
+	}
+}
 
 static int goaccel_iallreduce_sum(void *buf, int count, int kind, MPI_Comm comm, MPI_Request *req) {
-	MPI_Op op = kind == 4 ? goaccel_op_sum_uint8 : MPI_SUM;
-	return MPI_Iallreduce(MPI_IN_PLACE, goaccel_buf(buf), count, goaccel_datatype(kind), op, comm, req);
+	return MPI_Iallreduce(MPI_IN_PLACE, goaccel_buf(buf), count, goaccel_datatype(kind), goaccel_sum_op(kind), comm, req);
 }
 
 static int goaccel_ireduce_scatter_sum(void *send, void *recv, int count, int kind, MPI_Comm comm, MPI_Request *req) {
-	MPI_Op op = kind == 4 ? goaccel_op_sum_uint8 : MPI_SUM;
-	return MPI_Ireduce_scatter_block(goaccel_buf(send), goaccel_buf(recv), count, goaccel_datatype(kind), op, comm, req);
+	return MPI_Ireduce_scatter_block(goaccel_buf(send), goaccel_buf(recv), count, goaccel_datatype(kind),
+		goaccel_sum_op(kind), comm, req);
 }
 
 static int goaccel_ibcast(void *buf, int count, int kind, int root, MPI_Comm comm, MPI_Request *req) {
@@ -446,6 +579,20 @@ func (e *engine) StartBarrier() (backends.Request, error) {
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	return e.start("MPI_Ibarrier", func(h *C.MPI_Request) C.int { return C.MPI_Ibarrier(e.comm, h) })
+}
+
+// sumHalves adds in into inout, element by element, with the engine's sum for 16-bit kind (BFloat16 or
+// Float16): the C function MPI calls during a reduction, called directly and without MPI, so tests can
+// compare it with package half's rules.
+func sumHalves(kind backends.ElementKind, in, inout backends.Buffer) error {
+	if (kind != backends.BFloat16 && kind != backends.Float16) || in.Kind != kind || inout.Kind != kind || in.Len != inout.Len {
+		return fmt.Errorf("mpi: a 16-bit sum of %s needs two %s buffers of one length, got %s[%d] and %s[%d]",
+			kind, kind, in.Kind, in.Len, inout.Kind, inout.Len)
+	}
+	if in.Len > 0 {
+		C.goaccel_sum_halves(C.int(kind), in.Ptr, inout.Ptr, C.int(in.Len))
+	}
+	return nil
 }
 
 // Abort asks MPI to end every rank of the job. mpiMu is not taken: another goroutine may be stuck holding

@@ -106,7 +106,8 @@ func environmentReport(startAnyBackend bool) []entry {
 		return entries
 	}
 	entries = append(entries, entry{"Configuration", fmt.Sprintf("collective timeout %s, debug mode %t, "+
-		"replica check %t", resolved.CollectiveTimeout, resolved.Debug, resolved.ReplicaCheck)})
+		"replica check %t, gradient compression %s", resolved.CollectiveTimeout, resolved.Debug,
+		resolved.ReplicaCheck, resolved.GradientCompression)})
 	computeCfg := resolved.Compute
 	computeCfg.LocalRank, computeCfg.LocalSize = topo.LocalRank, topo.LocalSize
 	config, reason := compute.Resolve(computeCfg)
@@ -185,7 +186,7 @@ func relevantEnvironment() string {
 		name, _, _ := strings.Cut(kv, "=")
 		if slices.Contains([]string{"GOMLX_BACKEND", "GOMLX_NO_AUTO_INSTALL", "PJRT_PLUGIN_LIBRARY_PATH",
 			"CUDA_VISIBLE_DEVICES", "OPENBLAS_NUM_THREADS", backends.TimeoutEnvVar, backends.CallChecksEnvVar,
-			accel.CheckReplicasEnvVar, compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
+			accel.CheckReplicasEnvVar, accel.GradientCompressionEnvVar, compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
 			set = append(set, kv)
 		}
 	}

@@ -44,6 +44,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,7 +159,18 @@ type config struct {
 	env        []string
 	timeout    time.Duration
 	mpirunArgs []string
+	launcher   Launcher
 }
+
+// Launcher makes the command that starts a job of np ranks of binary with args: env is the environment
+// the ranks need (the whole environment of the launching process), stdout and stderr take the job's
+// output. The default runs mpirun on this host (launch.Command, with WithMPIRunArgs's arguments).
+type Launcher func(ctx context.Context, np int, binary string, args, env []string, stdout, stderr io.Writer) (*exec.Cmd, error)
+
+// WithLauncher starts the job with launcher instead of mpirun on this host: for jobs across the hosts of
+// an emulated cluster (internal/netcluster), whose mpirun runs on another host and must forward to the
+// ranks the variables that mark them (EnvTest, EnvDir) and any given with WithEnv.
+func WithLauncher(launcher Launcher) Option { return func(c *config) { c.launcher = launcher } }
 
 // WithEnv adds NAME=value pairs to the ranks' environment.
 func WithEnv(kv ...string) Option { return func(c *config) { c.env = append(c.env, kv...) } }
@@ -255,10 +267,14 @@ func Launch(t testing.TB, np int, testName string, opts ...Option) *Outcome {
 	env := append(os.Environ(), EnvTest+"="+testName, EnvDir+"="+dir)
 	env = append(env, cfg.env...)
 	var stdout, stderr bytes.Buffer
-	cmd, err := launch.Command(ctx, np, binary, args,
-		launch.WithMPIRunArgs(cfg.mpirunArgs...),
-		launch.WithEnviron(env),
-		launch.WithStdio(nil, &stdout, &stderr))
+	launcher := cfg.launcher
+	if launcher == nil {
+		launcher = func(ctx context.Context, np int, binary string, args, env []string, stdout, stderr io.Writer) (*exec.Cmd, error) {
+			return launch.Command(ctx, np, binary, args, launch.WithMPIRunArgs(cfg.mpirunArgs...),
+				launch.WithEnviron(env), launch.WithStdio(nil, stdout, stderr))
+		}
+	}
+	cmd, err := launcher(ctx, np, binary, args, env, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("mpitest: %v", err)
 	}
