@@ -59,12 +59,21 @@ test: deps deps-torch deps-iproute2 vet
 # wall time is one of the measurements: every minute it takes over 90 s adds to the run). Raw samples in
 # benchstat format: bin/bench.txt; results: bin/bench.json (`bin/accelbench -render bin/bench.json`
 # re-renders the page). A redirect, not a pipe, so make fails when the bench does. grad_accum_purego is the
-# demo without the blas tag, for the pure-Go CNN rows.
-bench: build deps-dataset deps-torch
+# demo without the blas tag, for the pure-Go CNN rows; grad_accum_purego_0.2.0 the same demo of release
+# 0.2.0, the pure-Go goal's baseline, built from that release's commit (PUREGO_BASELINE).
+bench: build deps-dataset deps-torch bin/grad_accum_purego_0.2.0
 	$(GO) build -tags $(MPI_TAGS) -o bin/accelbench ./bench/cmd/accelbench
 	$(GO) build -tags $(MPI_TAGS) -o bin/charlm ./examples/charlm
 	$(GO) build -tags mpi -o bin/grad_accum_purego ./examples/grad_accum
 	bin/accelbench -out docs/benchmarks.md -json bin/bench.json > bin/bench.txt
+
+# Release 0.2.0 is this commit (the release before the convolution and element-wise kernels).
+PUREGO_BASELINE ?= 2a3ed10
+bin/grad_accum_purego_0.2.0:
+	rm -rf bin/src-0.2.0 && mkdir -p bin/src-0.2.0
+	git archive $(PUREGO_BASELINE) | tar -x -C bin/src-0.2.0
+	cd bin/src-0.2.0 && $(GO) build -tags mpi -o ../grad_accum_purego_0.2.0 ./examples/grad_accum
+	rm -rf bin/src-0.2.0
 
 clean:
 	rm -rf bin

@@ -18,14 +18,45 @@ import (
 // Slice and Concatenate (what the backend did first), "kernel" runs the dedicated convolution executor.
 const convEnv = compute.ConvEnvVar
 
-// pureGoPlan is the demo's CNN trained by grad_accum built without the blas tag, once per convolution
-// lowering, for the same examples.
+// pureGoPlan is the demo's CNN trained by grad_accum built without the blas tag, once per variant, for the
+// same examples: goaccel's release the goal was set against, built from its source, and this tree with each
+// way of computing a convolution.
 type pureGoPlan struct {
-	Rounds                        int      // runs of each variant (0: skip the section)
-	Variants                      []string // values of GOACCEL_CONV, the baseline first
+	Rounds                        int             // runs of each variant (0: skip the section)
+	Variants                      []pureGoVariant // the baseline first
 	Epochs, Batch, K, Limit, Seed int
 	LR                            float64
 }
+
+// pureGoVariant is one program of the pure-Go CNN section.
+type pureGoVariant struct {
+	// Release, when set, is a goaccel release whose demo (built from that release's source, see the
+	// -demo-purego-release flag) runs instead of this tree's.
+	Release string
+	// Conv is GOACCEL_CONV for this tree's demo: "graph" lowers convolutions to slices and dots, "kernel"
+	// runs the convolution executor.
+	Conv string
+}
+
+// name is the variant's benchstat key and table label.
+func (v pureGoVariant) name() string {
+	if v.Release != "" {
+		return "release=" + v.Release
+	}
+	return "conv=" + v.Conv
+}
+
+// label is how the report names the variant.
+func (v pureGoVariant) label() string {
+	if v.Release != "" {
+		return "goaccel " + v.Release + " (built from its source)"
+	}
+	return "`" + convEnv + "=" + v.Conv + "`"
+}
+
+// pureGoBaseline is the release the pure-Go goal was set against: the section builds its demo from the git
+// commit the release was made from (Makefile, PUREGO_BASELINE).
+const pureGoBaseline = "0.2.0"
 
 // demoPlan times the command a new user runs first: `make demo DEMO_ARGS="-model cnn"`, as the demo binary
 // with those arguments on one process, wall clock from start to exit.
@@ -34,9 +65,9 @@ type demoPlan struct {
 	Args []string // the demo's arguments
 }
 
-// pureGoResult is one GOACCEL_CONV value's runs.
+// pureGoResult is one variant's runs.
 type pureGoResult struct {
-	Conv string
+	Variant pureGoVariant
 	// PerExample is training seconds per training example, one sample per run: 1/median is examples/s.
 	PerExample   series
 	TestAccuracy []float64
@@ -59,11 +90,20 @@ type pureGoSummary struct {
 	TestAccuracy      float64 `json:"test_accuracy"`
 }
 
-// checkDemoPureGo fails early when the demo built without BLAS is missing.
-func checkDemoPureGo(path string) error {
-	if _, err := os.Stat(path); err != nil {
+// checkDemoPureGo fails early when a demo built without BLAS that the section runs is missing.
+func checkDemoPureGo(p pureGoPlan, setup endToEndSetup) error {
+	if _, err := os.Stat(setup.demoPureGo); err != nil {
 		return fmt.Errorf("the purego section runs the demo built without BLAS: %w (build it with `go build -tags mpi "+
-			"-o %s ./examples/grad_accum`, or leave purego out of -only)", err, path)
+			"-o %s ./examples/grad_accum`, or leave purego out of -only)", err, setup.demoPureGo)
+	}
+	for _, v := range p.Variants {
+		if v.Release == "" {
+			continue
+		}
+		if _, err := os.Stat(setup.demoPureGoRelease); err != nil {
+			return fmt.Errorf("the purego section runs goaccel %s's demo built without BLAS: %w (`make bench` builds it "+
+				"from that release's commit; or leave purego out of -only)", v.Release, err)
+		}
 	}
 	return nil
 }
@@ -83,15 +123,19 @@ func (d *driver) measurePureGo(ctx context.Context) ([]pureGoResult, error) {
 	}
 	runs := make([]pureGoResult, len(p.Variants))
 	for i, v := range p.Variants {
-		runs[i] = pureGoResult{Conv: v, PerExample: series{Name: "PureGoCNN/conv=" + v}}
+		runs[i] = pureGoResult{Variant: v, PerExample: series{Name: "PureGoCNN/" + v.name()}}
 	}
 	for round := range p.Rounds {
 		for _, i := range rand.New(rand.NewPCG(uint64(round), 0xc0)).Perm(len(runs)) {
 			r := &runs[i]
-			d.progressf("pure-Go CNN: %s=%s (round %d of %d)\n", convEnv, r.Conv, round+1, p.Rounds)
+			d.progressf("pure-Go CNN: %s (round %d of %d)\n", r.Variant.name(), round+1, p.Rounds)
 			ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
-			cmd := exec.CommandContext(ctx, d.endToEnd.demoPureGo, p.demoArgs(d.endToEnd.dataDir)...)
-			cmd.Env = append(os.Environ(), convEnv+"="+r.Conv)
+			program := d.endToEnd.demoPureGo
+			if r.Variant.Release != "" {
+				program = d.endToEnd.demoPureGoRelease
+			}
+			cmd := exec.CommandContext(ctx, program, p.demoArgs(d.endToEnd.dataDir)...)
+			cmd.Env = append(os.Environ(), convEnv+"="+r.Variant.Conv)
 			var s pureGoSummary
 			err := d.runForSummary(cmd, &s)
 			cancel()
@@ -99,7 +143,7 @@ func (d *driver) measurePureGo(ctx context.Context) ([]pureGoResult, error) {
 				err = errors.New("its summary line reports no examples_per_second")
 			}
 			if err != nil {
-				return nil, fmt.Errorf("pure-Go CNN with %s=%s: %w", convEnv, r.Conv, err)
+				return nil, fmt.Errorf("pure-Go CNN, %s (%s=%s): %w", r.Variant.name(), convEnv, r.Variant.Conv, err)
 			}
 			r.PerExample.Iters = s.TrainExamples * s.Epochs
 			r.PerExample.Seconds = append(r.PerExample.Seconds, 1/s.ExamplesPerSecond)
@@ -140,16 +184,6 @@ func (d *driver) measureDemo(ctx context.Context) (*demoResult, error) {
 	return res, nil
 }
 
-// pureGoByConv is a variant's result, nil when it was not measured.
-func pureGoByConv(res *results, conv string) *pureGoResult {
-	for i, r := range res.PureGoCNN {
-		if r.Conv == conv && len(r.PerExample.Seconds) > 0 {
-			return &res.PureGoCNN[i]
-		}
-	}
-	return nil
-}
-
 // pureGoSpeedup is the last variant's examples/s over the first's (the baseline), and whether both ran.
 func pureGoSpeedup(res *results) (float64, bool) {
 	if len(res.PureGoCNN) < 2 {
@@ -167,22 +201,23 @@ func (r *reporter) pureGo() {
 		return
 	}
 	p := r.res.Plan.PureGoCNN
-	r.section("### The demo's CNN without BLAS", "the-demos-cnn-without-blas", "`bin/grad_accum_purego`: the demo "+
-		"built without the `blas` tag, so every matrix product and convolution is pure Go; the CNN, %d epoch(s) of "+
-		"the first %d training examples, batch %d, K = %d, one process, once with each way of computing a "+
-		"convolution (`%s`). *Examples/s* is over the training loop. Medians over the runs.", p.Epochs, p.Limit,
-		p.Batch, p.K, convEnv)
+	r.section("### The demo's CNN without BLAS", "the-demos-cnn-without-blas", "The demo built without the `blas` "+
+		"tag, so every matrix product and convolution is pure Go: `bin/grad_accum_purego` from this tree, with each "+
+		"way of computing a convolution (`%s`), and the same demo of goaccel %s, built from that release's source "+
+		"(`bin/grad_accum_purego_%s`). The CNN, %d epoch(s) of the first %d training examples, batch %d, K = %d, "+
+		"one process. *Examples/s* is over the training loop. Medians over the runs.", convEnv, pureGoBaseline,
+		pureGoBaseline, p.Epochs, p.Limit, p.Batch, p.K)
 	var rows [][]string
 	base := r.res.PureGoCNN[0]
 	for _, v := range r.res.PureGoCNN {
 		if len(v.PerExample.Seconds) == 0 {
 			continue
 		}
-		rows = append(rows, []string{"`" + convEnv + "=" + v.Conv + "`", rateCell(v.PerExample),
+		rows = append(rows, []string{v.Variant.label(), rateCell(v.PerExample),
 			fmt.Sprintf("%.2f×", ratio(v.PerExample, base.PerExample)), fmt.Sprintf("%.4f", quantile(v.TestAccuracy, 0.5)),
 			fmt.Sprint(len(v.PerExample.Seconds))})
 	}
-	r.table([]string{"Convolution", ">Examples/s", ">Faster than " + base.Conv, ">Test accuracy", ">Runs"}, rows)
+	r.table([]string{"Demo", ">Examples/s", ">Faster than " + base.Variant.label(), ">Test accuracy", ">Runs"}, rows)
 }
 
 func (r *reporter) demo() {

@@ -128,7 +128,7 @@ func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) er
 		}
 	}
 	if p.PureGoCNN.Rounds > 0 {
-		return checkDemoPureGo(d.endToEnd.demoPureGo)
+		return checkDemoPureGo(p.PureGoCNN, d.endToEnd)
 	}
 	return nil
 }

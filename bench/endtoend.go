@@ -38,11 +38,12 @@ type endToEndModel struct {
 // endToEndSetup is where the programs of the section are.
 type endToEndSetup struct {
 	demo string // grad_accum built with -tags mpi
-	// demoPureGo is grad_accum built without the blas tag: every product and convolution in pure Go.
-	demoPureGo string
-	python     string // a Python 3 with torch
-	dataDir    string // Fashion-MNIST's IDX files
-	script     string // the PyTorch script, written out by check
+	// demoPureGo is grad_accum built without the blas tag: every product and convolution in pure Go;
+	// demoPureGoRelease the same, built from the source of release pureGoBaseline.
+	demoPureGo, demoPureGoRelease string
+	python                        string // a Python 3 with torch
+	dataDir                       string // Fashion-MNIST's IDX files
+	script                        string // the PyTorch script, written out by check
 }
 
 //go:embed pytorch/fashion_ddp.py

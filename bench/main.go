@@ -47,6 +47,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&setup.python, "python", "/usr/bin/python3", "the Python with PyTorch")
 	fs.StringVar(&setup.dataDir, "data", fashionmnist.DefaultDir, "Fashion-MNIST's IDX files")
 	fs.StringVar(&setup.demoPureGo, "demo-purego", "bin/grad_accum_purego", "the grad_accum demo, built without the blas tag")
+	fs.StringVar(&setup.demoPureGoRelease, "demo-purego-release", "bin/grad_accum_purego_"+pureGoBaseline,
+		"the grad_accum demo of goaccel "+pureGoBaseline+", built without the blas tag from that release's source")
 	var lm transformerSetup
 	fs.StringVar(&lm.charlm, "charlm", "bin/charlm", "the charlm example, built with -tags mpi")
 	fs.StringVar(&lm.corpus, "corpus", "", "the root of the transformer's .go corpus (default: $GOROOT/src)")

@@ -26,13 +26,14 @@ func fakeProgram(t *testing.T, dir, name, log, output string) string {
 	return path
 }
 
-// TestPureGoAndDemoPlumbing drives the pure-Go CNN and demo measurements with stand-in programs: each
-// variant runs with its GOACCEL_CONV value and the plan's flags, the summaries land in the results, and
-// the goals are judged from them.
+// TestPureGoAndDemoPlumbing drives the pure-Go CNN and demo measurements with stand-in programs: the
+// release's demo and this tree's, the latter with each GOACCEL_CONV value, all with the plan's flags; the
+// summaries land in the results, and the goals are judged from them.
 func TestPureGoAndDemoPlumbing(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "calls.log")
-	// The convolution executor is 4× faster than the graph lowering; any other value fails the run.
+	// This tree's convolution executor is 8× faster than the release, the graph lowering 2×; any other
+	// GOACCEL_CONV value fails the run. The release's stand-in ignores the variable, as the release did.
 	demo := fakeProgram(t, dir, "demo", log, `case "$GOACCEL_CONV" in
 graph) rate=100 ;;
 kernel) rate=400 ;;
@@ -41,12 +42,13 @@ kernel) rate=400 ;;
 esac
 echo progress line
 echo "{\"train_examples\":256,\"epochs\":1,\"train_seconds\":2.5,\"examples_per_second\":$rate,\"test_accuracy\":0.5}"`)
+	release := fakeProgram(t, dir, "release", log, `echo "{\"train_examples\":256,\"epochs\":1,\"train_seconds\":5,\"examples_per_second\":50,\"test_accuracy\":0.5}"`)
 	p := quickPlan()
 	require.NoError(t, p.only("purego,demo"))
 	p.PureGoCNN.Rounds = 2
 	var progress, benchstat bytes.Buffer
 	d := &driver{plan: p, progress: &progress, benchstat: &benchstat,
-		endToEnd: endToEndSetup{demo: demo, demoPureGo: demo, dataDir: "/data/fashion"}}
+		endToEnd: endToEndSetup{demo: demo, demoPureGo: demo, demoPureGoRelease: release, dataDir: "/data/fashion"}}
 	ctx := context.Background()
 	res := &results{Plan: p}
 	require.NoError(t, d.checkPrograms(ctx, &results{}, dir), "only the stand-in programs are needed")
@@ -56,13 +58,14 @@ echo "{\"train_examples\":256,\"epochs\":1,\"train_seconds\":2.5,\"examples_per_
 	res.Demo, err = d.measureDemo(ctx)
 	require.NoError(t, err)
 
-	require.Len(t, res.PureGoCNN, 2)
-	assert.Equal(t, "graph", res.PureGoCNN[0].Conv)
-	assert.Equal(t, []float64{1.0 / 400, 1.0 / 400}, res.PureGoCNN[1].PerExample.Seconds)
+	require.Len(t, res.PureGoCNN, 3)
+	assert.Equal(t, pureGoVariant{Release: pureGoBaseline}, res.PureGoCNN[0].Variant, "the baseline comes first")
+	assert.Equal(t, []float64{1.0 / 50, 1.0 / 50}, res.PureGoCNN[0].PerExample.Seconds)
+	assert.Equal(t, []float64{1.0 / 400, 1.0 / 400}, res.PureGoCNN[2].PerExample.Seconds)
 	assert.Equal(t, 256, res.PureGoCNN[0].PerExample.Iters)
 	q, ok := pureGoSpeedup(res)
 	require.True(t, ok)
-	assert.InDelta(t, 4, q, 1e-9)
+	assert.InDelta(t, 8, q, 1e-9)
 	require.NotNil(t, res.Demo)
 	assert.Len(t, res.Demo.Wall.Seconds, 1)
 	assert.Positive(t, res.Demo.Wall.Seconds[0])
@@ -71,18 +74,30 @@ echo "{\"train_examples\":256,\"epochs\":1,\"train_seconds\":2.5,\"examples_per_
 	calls, err := os.ReadFile(log)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(string(calls)), "\n")
-	require.Len(t, lines, 5, "2 rounds × 2 variants, then the demo once")
-	for _, line := range lines[:4] {
-		assert.Regexp(t, `^(graph|kernel) -model cnn -epochs 1 -batch 64 -k 4 -lr 0.002 -seed 42 -limit 256 `+
+	require.Len(t, lines, 7, "2 rounds × 3 variants, then the demo once")
+	for _, line := range lines[:6] {
+		assert.Regexp(t, `^(graph|kernel|) -model cnn -epochs 1 -batch 64 -k 4 -lr 0.002 -seed 42 -limit 256 `+
 			`-data /data/fashion -quiet$`, line)
 	}
-	assert.Equal(t, " -model mlp -epochs 1 -limit 512 -data /data/fashion -quiet", lines[4], "the demo runs without GOACCEL_CONV")
+	assert.Equal(t, " -model mlp -epochs 1 -limit 512 -data /data/fashion -quiet", lines[6], "the demo runs without GOACCEL_CONV")
 	assert.Contains(t, benchstat.String(), "BenchmarkPureGoCNN/conv=kernel ")
+	assert.Contains(t, benchstat.String(), "BenchmarkPureGoCNN/release="+pureGoBaseline+" ")
 	assert.Contains(t, benchstat.String(), "BenchmarkDemo/args=-model_mlp_-epochs_1_-limit_512 ")
 
 	md := report(res)
-	assert.Contains(t, md, "| 4.00× | **yes** |")
-	assert.Contains(t, md, "| `GOACCEL_CONV=kernel` | 400 ±0% | 4.00× | 0.5000 | 2 |")
+	assert.Contains(t, md, "| 8.00× | **yes** |")
+	assert.Contains(t, md, "| `GOACCEL_CONV=kernel` | 400 ±0% | 8.00× | 0.5000 | 2 |")
+	assert.Contains(t, md, "| goaccel "+pureGoBaseline+" (built from its source) | 50 ±0% | 1.00× | 0.5000 | 2 |")
+}
+
+// TestPureGoNeedsTheRelease: without the release's demo the section refuses to start, naming it.
+func TestPureGoNeedsTheRelease(t *testing.T) {
+	dir := t.TempDir()
+	demo := fakeProgram(t, dir, "demo", filepath.Join(dir, "log"), `exit 0`)
+	err := checkDemoPureGo(quickPlan().PureGoCNN, endToEndSetup{demoPureGo: demo,
+		demoPureGoRelease: filepath.Join(dir, "missing")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "goaccel "+pureGoBaseline+"'s demo")
 }
 
 // TestPureGoRunFailure: a variant whose program fails stops the section with the program's command line.
@@ -91,7 +106,7 @@ func TestPureGoRunFailure(t *testing.T) {
 	demo := fakeProgram(t, dir, "demo", filepath.Join(dir, "log"), `echo "no GPU" >&2; exit 3`)
 	p := quickPlan()
 	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &bytes.Buffer{},
-		endToEnd: endToEndSetup{demoPureGo: demo, dataDir: dir}}
+		endToEnd: endToEndSetup{demoPureGo: demo, demoPureGoRelease: demo, dataDir: dir}}
 	_, err := d.measurePureGo(context.Background())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "GOACCEL_CONV=")
@@ -164,8 +179,9 @@ func TestQuickModels(t *testing.T) {
 	demo := buildWithMPI(ctx, t, dir, "../examples/grad_accum") // -tags mpi only: no BLAS
 	// A small corpus keeps the runs short: one package of Go's own source.
 	corpus := filepath.Join(defaultCorpus(), "strings")
+	// The quick run checks the plumbing: this tree's demo stands in for the release's too.
 	stdout, md, res := runQuick(ctx, t, exe, "-only", "transformer,purego,demo", "-charlm", charlm, "-demo", demo,
-		"-demo-purego", demo, "-corpus", corpus)
+		"-demo-purego", demo, "-demo-purego-release", demo, "-corpus", corpus)
 
 	assert.Contains(t, stdout, "BenchmarkTransformer/impl=pytorch/procs=2 ")
 	assert.Contains(t, stdout, "BenchmarkPureGoCNN/conv=kernel ")
@@ -182,7 +198,7 @@ func TestQuickModels(t *testing.T) {
 	pairs := transformerPairs(&res)
 	require.Len(t, pairs, 2)
 	assert.Equal(t, pairs[0][0].Parameters, pairs[0][1].Parameters, "the twins have the same parameters")
-	require.Len(t, res.PureGoCNN, 2)
+	require.Len(t, res.PureGoCNN, 3)
 	require.NotNil(t, res.Demo)
 	assert.Positive(t, res.Demo.Wall.median())
 }

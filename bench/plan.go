@@ -74,6 +74,11 @@ func bigMLP() trainConfig {
 	return trainConfig{Name: "big-mlp", Model: mlp{Inputs: 784, Hidden: []int{512, 512, 512}, Classes: 10}, Batch: 256, K: 1}
 }
 
+// pureGoVariants are the pure-Go CNN's programs: the baseline release first, the convolution executor last.
+func pureGoVariants() []pureGoVariant {
+	return []pureGoVariant{{Release: pureGoBaseline}, {Conv: "graph"}, {Conv: "kernel"}}
+}
+
 // charlmJob is examples/charlm's default job: the transformer section runs it as is.
 func charlmJob() transformerPlan {
 	return transformerPlan{Context: 64, DModel: 128, Heads: 4, Blocks: 2, Batch: 32, K: 1, Steps: 100, Warmup: 10,
@@ -99,9 +104,9 @@ func fullPlan() plan {
 		EndToEnd: endToEndPlan{Epochs: 1, Procs: []int{1, 2}, Batch: 64, K: 4, LR: 0.002, Seed: 42,
 			Models: []endToEndModel{{Name: "mlp", Rounds: 3}, {Name: "cnn", Rounds: 1}}},
 		Transformer: withRounds(charlmJob(), 1, []int{1, 2}),
-		// One short epoch per variant: about half a minute each without BLAS.
-		PureGoCNN: pureGoPlan{Rounds: 1, Variants: []string{"graph", "kernel"}, Epochs: 1, Batch: 64, K: 4,
-			Limit: 8192, Seed: 42, LR: 0.002},
+		// One short epoch per variant: up to half a minute each without BLAS.
+		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 8192,
+			Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
 		JobTimeout: 10 * time.Minute,
 	}
@@ -132,8 +137,8 @@ func quickPlan() plan {
 		Transformer: transformerPlan{Rounds: 1, Procs: []int{1, 2}, Context: 16, DModel: 16, Heads: 2, Blocks: 1,
 			Batch: 4, K: 2, Steps: 3, Warmup: 1, LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, Limit: 64,
 			EvalWindows: 8},
-		PureGoCNN: pureGoPlan{Rounds: 1, Variants: []string{"graph", "kernel"}, Epochs: 1, Batch: 64, K: 4,
-			Limit: 256, Seed: 42, LR: 0.002},
+		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 256,
+			Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
 		JobTimeout: 3 * time.Minute,
 	}
