@@ -14,7 +14,7 @@ import (
 	"github.com/goaccel/goaccel/backends/compute/fusion"
 	"github.com/goaccel/goaccel/backends/compute/gemmgrad"
 	"github.com/goaccel/goaccel/backends/compute/internal/threads"
-	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // Environment variables that choose how the pure-Go backend computes. Both exist for comparisons (the

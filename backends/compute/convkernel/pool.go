@@ -11,7 +11,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
-	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // reduceWindowParams mirrors simplego's unexported reduceWindowNode, the data of a ReduceWindow node.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends/compute/internal/broadcast"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
-	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // reduceOps are the reductions Install speeds up when their axes are contiguous: simplego maps every

@@ -5,7 +5,7 @@ import (
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 
-	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // Exp (softmax, cross-entropy) and Erf (the exact GELU) in float32: simplego computes each element in

@@ -10,7 +10,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends/compute/internal/broadcast"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
-	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // Result says what Fuse did.

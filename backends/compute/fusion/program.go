@@ -12,7 +12,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends/compute/internal/broadcast"
 	"github.com/goaccel/goaccel/backends/compute/internal/gomlxpatch"
-	"github.com/goaccel/goaccel/backends/compute/internal/vec32"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // tile is the number of elements a program computes at a time: 2 KB per value, so that the values a chain

@@ -2,7 +2,7 @@
 // them: an operand whose axes of size > 1 form one contiguous run of the output's axes.
 package broadcast
 
-import "github.com/goaccel/goaccel/backends/compute/internal/vec32"
+import "github.com/goaccel/goaccel/internal/vec32"
 
 // Pattern is how a small operand spans a contiguous run of the output's axes (size 1 elsewhere): with the
 // output's elements indexed as (p, m, q) over the axes before, within and after that run, output element

@@ -25,3 +25,5 @@ func fillAccel([]float32, float32) int { return 0 }
 func poolRowAccel(bool, []float32, []float32, int, int, int) bool { return false }
 
 func scatterPoolRowAccel(float32, []float32, []float32, []float32, int, int, int) bool { return false }
+
+func sumSquaresAccel([]float32, *[16]float64) bool { return false }

@@ -333,6 +333,14 @@ func TestReductions(t *testing.T) {
 		run(&got)
 		withGo(func() { run(&want) })
 		sameBits(t, want[:], got[:], "n=%d: assembly against Go", n)
+		squares := SumSquares(finite)
+		var squaresGo, exactSquares float64
+		withGo(func() { squaresGo = SumSquares(finite) })
+		assert.Equal(t, squaresGo, squares, "n=%d: SumSquares, assembly against Go", n)
+		for _, v := range finite {
+			exactSquares += float64(v) * float64(v)
+		}
+		assert.InDelta(t, exactSquares, squares, 1e-12*float64(n+1), "n=%d: SumSquares", n)
 
 		var exact float64
 		for _, v := range finite {

@@ -290,3 +290,14 @@ func minPoolRowV(out, in *float32, c, groups, rowStride int)
 
 //go:noescape
 func scatterPoolRowV(grad, in, source *float32, c, groups, rowStride int, s float32)
+
+func sumSquaresAccel(x []float32, acc *[16]float64) bool {
+	if !accelerated {
+		return false
+	}
+	sumSquaresV(&x[0], len(x), acc)
+	return true
+}
+
+//go:noescape
+func sumSquaresV(a *float32, n int, acc *[16]float64)

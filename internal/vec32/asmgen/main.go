@@ -54,6 +54,7 @@ func Generate() []byte {
 	g.poolRow("maxPoolRowV", false)
 	g.poolRow("minPoolRowV", true)
 	g.scatterPoolRow()
+	g.sumSquares()
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -780,4 +781,36 @@ func (g *gen) scatterPoolRow() {
 	g.p("\tSUBQ CX, R13")
 	g.p("\tVMOVUPS Y8, (R13)(BX*1)")
 	g.poolRowAdvance()
+}
+
+// sumSquares: acc[l] += float64(a[i])² for every i ≡ l (mod 16), i < n (a multiple of 16), in increasing i:
+// 16 running float64 sums in four registers of four lanes, each float32 widened, squared and added in
+// float64, as the Go loop does.
+func (g *gen) sumSquares() {
+	g.p("")
+	g.p("// func sumSquaresV(a *float32, n int, acc *[16]float64)")
+	g.p("TEXT ·sumSquaresV(SB), NOSPLIT, $0-24")
+	g.p("\tMOVQ a+0(FP), SI")
+	g.p("\tMOVQ n+8(FP), CX")
+	g.p("\tMOVQ acc+16(FP), DX")
+	for k := range 4 {
+		g.p("\tVMOVUPD %d(DX), Y%d", 32*k, k)
+	}
+	g.p("loop:")
+	g.p("\tTESTQ CX, CX")
+	g.p("\tJZ done")
+	for k := range 4 {
+		g.p("\tVCVTPS2PD %d(SI), Y%d", 16*k, 4+k) // four float32 widened to float64
+		g.p("\tVMULPD Y%d, Y%d, Y%d", 4+k, 4+k, 4+k)
+		g.p("\tVADDPD Y%d, Y%d, Y%d", 4+k, k, k)
+	}
+	g.p("\tADDQ $64, SI")
+	g.p("\tSUBQ $16, CX")
+	g.p("\tJMP loop")
+	g.p("done:")
+	for k := range 4 {
+		g.p("\tVMOVUPD Y%d, %d(DX)", k, 32*k)
+	}
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
 }
