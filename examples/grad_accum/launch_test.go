@@ -28,16 +28,7 @@ func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
 		t.Skipf("Fashion-MNIST not installed (apt-get install %s): %v", fashionmnist.DebianPackage, err)
 	}
 	mpitest.RequireMPIRun(t)
-	bin := t.TempDir()
-	build := func(out, pkg string, tags ...string) {
-		args := append([]string{"build", "-o", filepath.Join(bin, out)}, tags...)
-		cmd := exec.Command("go", append(args, pkg)...)
-		cmd.Dir = "../.."
-		output, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", output)
-	}
-	build("accel", "./cmd/accel")
-	build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
+	accelBin, demoBin := buildLauncherAndDemo(t)
 
 	common := []string{"-limit", "12000", "-epochs", "1", "-k", "2", "-quiet", "-seed", "5"}
 	code, stdout, stderr := runMain(t, append([]string{"-batch", "64"}, common...)...)
@@ -46,8 +37,8 @@ func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "accel"), append([]string{"launch", "-n", "2", "--",
-		filepath.Join(bin, "grad_accum"), "-batch", "32"}, common...)...)
+	cmd := exec.CommandContext(ctx, accelBin, append([]string{"launch", "-n", "2", "--", demoBin, "-batch", "32"},
+		common...)...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	require.NoError(t, cmd.Run(), "stdout: %s\nstderr: %s", out.String(), errOut.String())
@@ -60,6 +51,21 @@ func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
 	assert.InDelta(t, single.TestAccuracy, double.TestAccuracy, 0.01,
 		"1 process: %.4f, 2 processes: %.4f", single.TestAccuracy, double.TestAccuracy)
 	t.Logf("test accuracy: 1 process %.4f, 2 processes %.4f", single.TestAccuracy, double.TestAccuracy)
+}
+
+// buildLauncherAndDemo builds `accel` and the demo with the mpi engine, and returns their paths.
+func buildLauncherAndDemo(t *testing.T) (accelBin, demoBin string) {
+	t.Helper()
+	bin := t.TempDir()
+	build := func(out, pkg string, tags ...string) string {
+		args := append([]string{"build", "-o", filepath.Join(bin, out)}, tags...)
+		cmd := exec.Command("go", append(args, pkg)...)
+		cmd.Dir = "../.."
+		output, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", output)
+		return filepath.Join(bin, out)
+	}
+	return build("accel", "./cmd/accel"), build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
 }
 
 // TestRankWithMissingDataEndsJob: when one process of a two-process job cannot load its data, the job ends
