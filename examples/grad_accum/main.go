@@ -6,6 +6,11 @@
 //
 // The batch size is per process: one optimizer step uses world_size × k × batch examples. The main process
 // shows progress, prints the test accuracy and ends its output with one JSON summary line for scripts.
+//
+// A job that must survive a lost process saves regularly and resumes when it can, under a launcher that
+// restarts it:
+//
+//	accel launch -n 2 --max-restarts 3 -- bin/grad_accum -checkpoints runs/exp1 -checkpoint-every 100 -resume
 package main
 
 import (

@@ -39,10 +39,13 @@ func (r *runningLoss) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
-// sumIntoMainProcess moves the running sums of a checkpoint saved by another number of processes onto
-// the new main process, the others starting from zero: the job's totals, which the final loss averages,
-// stay whole. (At the optimizer-step boundary such a checkpoint was saved at, the step sums are zero.)
-var sumIntoMainProcess = userstate.Resize(func(saved [][]byte, rank, worldSize int) ([]byte, error) {
+// sumIntoMainProcess registers sumRunningLoss as the running loss's Resize.
+var sumIntoMainProcess = userstate.Resize(sumRunningLoss)
+
+// sumRunningLoss moves the running sums of a checkpoint saved by another number of processes onto the new
+// main process, the others starting from zero: the job's totals, which the final loss averages, stay
+// whole. (At the optimizer-step boundary such a checkpoint was saved at, the step sums are zero.)
+func sumRunningLoss(saved [][]byte, rank, worldSize int) ([]byte, error) {
 	var total runningLoss
 	if rank == 0 {
 		for r, data := range saved {
@@ -57,7 +60,7 @@ var sumIntoMainProcess = userstate.Resize(func(saved [][]byte, rank, worldSize i
 		}
 	}
 	return total.MarshalBinary()
-})
+}
 
 // bestAccuracy is the best test accuracy so far and the epoch that reached it (-eval-each-epoch): the same
 // on every process, since every process gets the whole test set's result.
