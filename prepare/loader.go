@@ -16,7 +16,10 @@ type Batch struct {
 	Inputs, Labels []*tensors.Tensor
 	// Indices are the source indices of this rank's examples (for streaming sources, nil).
 	Indices []int
-	// Epoch and Step locate the batch: Step counts this rank's batches within the epoch from 0.
+	// Epoch and Step locate the batch: Step counts this rank's batches within the epoch from 0. In an epoch
+	// resumed from a checkpoint it is the batch's place in this run's batches: the examples of the epoch's
+	// order before it over N·b, rounded down (exact when the checkpoint fell on a batch of this run, as it
+	// does with the saved global batch).
 	Epoch, Step int
 	// Valid is the number of leading examples of this batch that are real; the rest repeat examples from
 	// the start of the epoch so that every rank yields as many batches as the others (even batches).
