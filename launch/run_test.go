@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,7 +134,11 @@ exit 0`
 	assert.Equal(t, 0, code, out.String())
 	require.Len(t, notices, 2, out.String())
 	for i, n := range notices {
-		assert.Equal(t, fmt.Sprintf("rank 1 was killed by signal 9 (killed); restarting the job (restart %d of 3)", i+1), n.String())
+		// Open MPI 4.1 names the rank in most runs and only says "1 process returned a non-zero exit code"
+		// in the others (measured: 2 runs in 30); the rank, when named, is the right one.
+		assert.Regexp(t, fmt.Sprintf(`^(rank 1|a process) was killed by signal 9 \(killed\); restarting the job \(restart %d of 3\)$`, i+1), n.String())
+		assert.Contains(t, []int{1, -1}, n.Failure.Rank)
+		assert.Equal(t, syscall.SIGKILL, n.Failure.Signal)
 	}
 	for run := range 3 {
 		for rank := range 2 {
@@ -152,7 +158,7 @@ func TestRunGivesUpAfterMaxRestarts(t *testing.T) {
 		launch.WithStdio(nil, &out, &errOut), launch.WithMaxRestarts(2))
 	require.NoError(t, err)
 	assert.Equal(t, 3, code)
-	assert.Equal(t, 2, strings.Count(errOut.String(), "launch: rank 1 exited with code 3; restarting the job"), errOut.String())
+	assert.Len(t, regexp.MustCompile(`launch: (rank 1|a process) exited with code 3; restarting the job`).FindAllString(errOut.String(), -1), 2, errOut.String())
 	assert.Contains(t, errOut.String(), "(restart 2 of 2)")
 	assert.Equal(t, 2, strings.Count(out.String(), "run 2"), "three runs of two ranks: %s", out.String())
 }

@@ -128,7 +128,8 @@ func TestLaunchRestartsAFailedJob(t *testing.T) {
 	code := a.run([]string{"launch", "-n", "2", "--max-restarts", "2", "sh", "-c",
 		`echo "run $GOACCEL_RESTART_COUNT"; [ "$GOACCEL_RESTART_COUNT" = 0 ] || exit 0; [ "$OMPI_COMM_WORLD_RANK" = 1 ] && kill -9 $$; exec sleep 60`})
 	assert.Equal(t, 0, code, "stderr: %s", stderr)
-	assert.Contains(t, stderr.String(), "accel launch: rank 1 was killed by signal 9 (killed); restarting the job (restart 1 of 2)\n")
+	// Open MPI names the rank in most runs, and in the others only says that a process failed.
+	assert.Regexp(t, `accel launch: (rank 1|a process) was killed by signal 9 \(killed\); restarting the job \(restart 1 of 2\)\n`, stderr.String())
 	assert.NotContains(t, stderr.String(), "restart 2 of 2")
 	assert.Equal(t, 2, strings.Count(stdout.String(), "run 1"), "the whole job ran again: %s", stdout)
 
@@ -136,7 +137,7 @@ func TestLaunchRestartsAFailedJob(t *testing.T) {
 	code = a.run([]string{"launch", "-n", "2", "--max-restarts", "1", "sh", "-c",
 		`[ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo "demo: rank 1: broken" >&2 && exit 3; exec sleep 60`})
 	assert.Equal(t, 3, code)
-	assert.Contains(t, stderr.String(), "accel launch: rank 1 exited with code 3; restarting the job (restart 1 of 1)\n")
+	assert.Regexp(t, `accel launch: (rank 1|a process) exited with code 3; restarting the job \(restart 1 of 1\)\n`, stderr.String())
 	assert.Contains(t, stderr.String(), "accel launch: the job failed (exit code 3) after 1 restart(s); what the ranks reported:")
 }
 

@@ -96,7 +96,8 @@ func TestRestartAfterAKilledRank(t *testing.T) {
 
 	err := <-waited
 	require.NoError(t, err, "the restarted job must finish with exit 0:\nstdout: %s\nstderr: %s", stdout, stderr)
-	assert.Contains(t, stderr.String(), "accel launch: rank 1 was killed by signal 9 (killed); restarting the job (restart 1 of 2)")
+	// Open MPI names the rank in most runs, and in the others only says that a process failed.
+	assert.Regexp(t, `accel launch: (rank 1|a process) was killed by signal 9 \(killed\); restarting the job \(restart 1 of 2\)`, stderr.String())
 	assert.NotContains(t, stderr.String(), "restart 2 of 2")
 	assert.Contains(t, stdout.String(), fmt.Sprintf("resumed from %s (restart 1 after a failure): epoch 2, %d optimizer steps done",
 		ckptDir, saved))
