@@ -136,16 +136,16 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 	}
 
 	res := &trainResult{model: model, best: best}
-	lastSaved := int64(-1) // the optimizer step of this run's newest checkpoint
+	ran := 0          // micro-batches of this run
+	lastSavedAt := -1 // ran at this run's newest checkpoint, -1 when something changed since
 	save := func() error {
-		if cfg.checkpoints == "" || lastSaved == opt.Steps() {
-			return nil
+		if cfg.checkpoints == "" || lastSavedAt == ran {
+			return nil // nothing happened since the last checkpoint
 		}
 		_, err := acc.SaveState(cfg.checkpoints)
-		lastSaved = opt.Steps()
+		lastSavedAt = ran
 		return err
 	}
-	ran := 0 // micro-batches of this run
 	for epoch := loader.Epoch(); epoch < cfg.epochs; epoch++ {
 		// Every process must shuffle the same way each epoch to keep the shards disjoint.
 		loader.SetEpoch(epoch)
@@ -196,7 +196,6 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 			if ran == cfg.stopAfterBatches {
 				// Saved where it stands, inside an accumulation cycle if it is in one: the checkpoint keeps
 				// every process's partial gradients and running sums.
-				lastSaved = -1
 				if err := save(); err != nil {
 					return nil, err
 				}
@@ -221,7 +220,7 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 				return nil, err
 			}
 			best.observe(res.lastAccuracy, epoch+1)
-			lastSaved = -1 // the log and the best accuracy changed since any save at this step
+			lastSavedAt = -1 // the log and the best accuracy changed since any save at this batch
 		}
 		// Saved after the epoch's last batch, the checkpoint resumes at the next epoch's start.
 		if err := save(); err != nil {
