@@ -92,6 +92,7 @@ func TestLoaderResumesOnAnyWorldSize(t *testing.T) {
 			resumed := newLoaders(t, rts, rangeSource(t, tc.n), append(slices.Clone(common), prepare.BatchSize(tc.bTo))...)
 			perRank := make([][]prepare.Batch, tc.to)
 			var states []prepare.LoaderState
+			var ends []bool
 			for r, l := range resumed {
 				require.NoError(t, l.Restore(state))
 				l.SetEpoch(epoch)
@@ -104,7 +105,14 @@ func TestLoaderResumesOnAnyWorldSize(t *testing.T) {
 					}
 					perRank[r] = append(perRank[r], batch)
 					states = append(states, l.State())
+					ends = append(ends, rts[r].State.EndOfDataloader())
 				}
+				if len(ends) > 0 {
+					want := make([]bool, len(ends))
+					want[len(want)-1] = true
+					assert.Equal(t, want, ends, "rank %d: the end of the dataloader is the rest's last batch", r)
+				}
+				ends = ends[:0]
 				for i, s := range states {
 					wantState := prepare.LoaderState{Epoch: epoch, Consumed: want + (i+1)*tc.to*tc.bTo}
 					if i == len(states)-1 {
