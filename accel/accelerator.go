@@ -21,6 +21,7 @@ import (
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/userstate"
 )
 
 // Accelerator runs a training loop on this process's share of the job.
@@ -43,6 +44,8 @@ type Accelerator struct {
 	logRecords int64
 	// checkpointLocks are the checkpoint directories this job holds (on the main process), by path.
 	checkpointLocks map[string]*checkpoint.Lock
+	// userState holds the program's values registered for checkpointing.
+	userState userstate.Registry
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective

@@ -12,6 +12,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/launch"
 )
 
 // envSetting is one environment variable goaccel reads and the option it stands for.
@@ -52,6 +53,13 @@ var envSettings = []envSetting{
 	{"CUDA_VISIBLE_DEVICES", func(v string) (Option, error) {
 		return func(c *config) { c.visibleDevices = v }, nil
 	}},
+	{launch.RestartCountEnvVar, func(v string) (Option, error) {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("want the number of restarts so far (0 or more), got %q", v)
+		}
+		return func(c *config) { c.restartCount = n }, nil
+	}},
 }
 
 // onWhenTrue is on() for a value that means true, no change for one that means false (off is the default,
@@ -82,8 +90,9 @@ func parseSwitch(v string) (bool, error) {
 
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
-// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL,
-// GOACCEL_CONV, GOACCEL_BLAS_THREADS and CUDA_VISIBLE_DEVICES. New applies them before the program's own options, so an
+// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS,
+// GOACCEL_MATMUL, GOACCEL_CONV, GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES and GOACCEL_RESTART_COUNT (set by
+// `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
 // variable, never ignored.
 func OptionsFromEnv(lookup func(name string) (string, bool)) ([]Option, error) {

@@ -12,13 +12,14 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/launch"
 )
 
 // clearConfigEnv unsets every variable OptionsFromEnv reads, for the test's duration.
 func clearConfigEnv(t *testing.T) {
 	for _, name := range []string{backends.TimeoutEnvVar, backends.CallChecksEnvVar, accel.CheckReplicasEnvVar,
-		accel.GradientCompressionEnvVar, "GOMLX_BACKEND", compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar,
-		"CUDA_VISIBLE_DEVICES"} {
+		accel.GradientCompressionEnvVar, "GOMLX_BACKEND", compute.GradientsEnvVar, compute.MatmulEnvVar,
+		compute.ThreadsEnvVar, "CUDA_VISIBLE_DEVICES", launch.RestartCountEnvVar} {
 		t.Setenv(name, "")
 	}
 }
@@ -116,6 +117,8 @@ func TestUnreadableEnvironmentIsAnError(t *testing.T) {
 		{backends.CallChecksEnvVar, "enabled", `want 1, true, yes or on (or 0, false, no, off), got "enabled"`},
 		{accel.CheckReplicasEnvVar, "2", `want 1, true, yes or on (or 0, false, no, off), got "2"`},
 		{accel.GradientCompressionEnvVar, "int8", `accumulate: unknown gradient compression "int8" (want bf16, fp16 or none)`},
+		{launch.RestartCountEnvVar, "-1", `want the number of restarts so far (0 or more), got "-1"`},
+		{launch.RestartCountEnvVar, "once", `want the number of restarts so far (0 or more), got "once"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -134,11 +137,34 @@ func TestEnvironmentReachesTheAccelerator(t *testing.T) {
 	clearConfigEnv(t)
 	t.Setenv(backends.TimeoutEnvVar, "90s")
 	t.Setenv(backends.CallChecksEnvVar, "true")
+	t.Setenv(launch.RestartCountEnvVar, "2")
 	acc, err := accel.New()
 	require.NoError(t, err)
 	defer acc.Close()
 	assert.Equal(t, 90*time.Second, acc.Communicator().Timeout())
 	assert.True(t, acc.Communicator().CallChecks())
+	assert.Equal(t, 2, acc.RestartCount(), "the launcher's restart count")
+}
+
+// RestartCount is how many times `accel launch --max-restarts` restarted the job; here the launcher's
+// variable is given through OptionsFromEnv's lookup instead of the process's environment.
+func ExampleAccelerator_RestartCount() {
+	launcher := map[string]string{"GOACCEL_RESTART_COUNT": "1"}
+	opts, err := accel.OptionsFromEnv(func(name string) (string, bool) { v, ok := launcher[name]; return v, ok })
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	acc, err := accel.New(append(opts, accel.WithBackend("go"))...)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer acc.Close()
+	if acc.RestartCount() > 0 {
+		fmt.Printf("restart %d: resuming from the newest checkpoint\n", acc.RestartCount())
+	}
+	// Output: restart 1: resuming from the newest checkpoint
 }
 
 func ExampleOptionsFromEnv() {

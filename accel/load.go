@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/gob"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,20 +21,33 @@ import (
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/userstate"
 )
 
 // LoadState restores the newest checkpoint under dir (or dir itself, if it is a checkpoint) saved by
-// SaveState with the same world size, accumulation steps, seed, models, optimizers and data loaders. The
-// next iteration of each data loader resumes on the first batch the saved run had not consumed.
+// SaveState with the same seed, models, optimizers, data loaders and registered values. The next iteration
+// of each data loader resumes on the first example the saved run had not consumed.
+//
+// A checkpoint taken at an optimizer-step boundary resumes on any number of processes, with any K and
+// per-process batch size: the data position is global (the examples of each epoch's order consumed), the
+// accumulators were empty and the optimizer state is replicated. When the new run takes as many examples
+// per optimizer step as the saved one (N'·K'·b' = N·K·b), it takes the same steps over the same examples
+// as a run that never stopped; otherwise it says so in one line on the accelerator's output, with both
+// global batches (the learning rate is not rescaled). A checkpoint taken inside an accumulation cycle holds
+// every process's partial gradients: it resumes, bitwise, only on the same number of processes, K, batch
+// size and sync-each-batch, and is refused elsewhere with an error that says to save at a step boundary.
 //
 // Collective: the main process reads the checkpoint and broadcasts it, so the other processes need no
 // access to the files (nodes without a shared filesystem work). Models are built first if needed, from the
 // first batch of the first prepared data loader.
 //
 // LoadState changes nothing unless it succeeds on every rank: each rank checks the checkpoint against its
-// own run — every variable's name, dtype and shape, the optimizers' types, the seed, the loaders' batch
-// sizes and lengths, every counter and position — and the ranks agree that all of them accept it before
-// any applies it. A refusal is the same error on every rank, naming the ranks that refused and why. When
+// own run — every variable's name, dtype and shape, the optimizers' types, the seed, the loaders' datasets,
+// every counter and position, and every registered value's bytes, which it unmarshals into a fresh value
+// first — and the ranks agree that all of them accept it before any applies it; the registered values are
+// set first, and set back on every rank if one of them still refuses. A refusal is the same error on
+// every rank, naming the ranks that refused and why. Without any checkpoint under dir the error wraps
+// checkpoint.ErrNoCheckpoint on every rank (a program that resumes when it can starts afresh then). When
 // the newest checkpoint under dir is incomplete or damaged, LoadState falls back to the newest intact one
 // and says so on the accelerator's output (see WithOutput).
 func (a *Accelerator) LoadState(dir string) error {
@@ -51,12 +65,12 @@ func (a *Accelerator) LoadState(dir string) error {
 	if a.IsMainProcess() {
 		payload, readErr = a.readCheckpoint(dir)
 	}
-	status, err := broadcastBytes(a.comm, []byte(errorText(readErr)))
+	status, err := broadcastBytes(a.comm, encodeReadError(readErr))
 	if err != nil {
 		return fmt.Errorf("accel: loading state: %w", err)
 	}
 	if len(status) > 0 {
-		return fmt.Errorf("accel: loading state (main process): %s; nothing was changed", status)
+		return fmt.Errorf("accel: loading state (main process): %w; nothing was changed", decodeReadError(status))
 	}
 	if payload, err = broadcastBytes(a.comm, payload); err != nil {
 		return fmt.Errorf("accel: loading state: %w", err)
@@ -68,15 +82,56 @@ func (a *Accelerator) LoadState(dir string) error {
 	for _, skipped := range plan.skipped {
 		a.Printf("accel: %s; loading the newest intact checkpoint, %s\n", skipped, plan.path)
 	}
+	// The program's values first: they are the only part whose unmarshalling can still fail, and the ranks
+	// agree on the outcome before the library's own state changes.
+	applyErr := plan.user.Apply()
+	if err := replicas.Agree(a.comm, "accel: loading state refused, nothing was changed", applyErr); err != nil {
+		if applyErr == nil {
+			err = errors.Join(err, plan.user.Undo())
+		}
+		return err
+	}
 	if err := a.applyLoad(plan); err != nil {
 		// Every rank validated the same checkpoint, so this is not expected; if it happens the ranks may
 		// no longer hold the same state, and the job must not go on.
 		a.comm.Fail(err)
 		return err
 	}
+	for _, note := range plan.notes {
+		a.Printf("accel: %s\n", note)
+	}
 	// The trackers' files are the main process's alone: a failure to rewrite one is its error, not a
 	// divergence of the ranks' training state.
 	return a.resumeTrackers(plan.state.LogRecords)
+}
+
+// encodeReadError is how the main process tells the others why it could not read a checkpoint: the text,
+// marked when there was no checkpoint at all so that every rank's error wraps checkpoint.ErrNoCheckpoint.
+func encodeReadError(err error) []byte {
+	if err == nil {
+		return nil
+	}
+	mark := "\x00"
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		mark = "\x01"
+	}
+	return []byte(mark + err.Error())
+}
+
+func decodeReadError(status []byte) error {
+	return readError{msg: string(status[1:]), noCheckpoint: status[0] == 1}
+}
+
+// readError is the main process's error reading a checkpoint, as every rank returns it.
+type readError struct {
+	msg          string
+	noCheckpoint bool
+}
+
+func (e readError) Error() string { return e.msg }
+
+func (e readError) Is(target error) bool {
+	return e.noCheckpoint && target == checkpoint.ErrNoCheckpoint
 }
 
 // checkpointPayload is what the main process reads from a checkpoint and broadcasts: everything LoadState
@@ -86,6 +141,7 @@ type checkpointPayload struct {
 	Skipped []string // why newer checkpoints were passed over
 	State   []byte   // state.json
 	Models  []modelPayload
+	User    userstate.Saved
 }
 
 type modelPayload struct {
@@ -103,11 +159,16 @@ type savedVariable struct {
 
 // loadPlan is a validated checkpoint, ready to apply.
 type loadPlan struct {
-	path    string
-	skipped []string
-	state   savedState
-	values  []map[*context.Variable]*tensors.Tensor // per model
-	accums  []accumulate.ReducerState               // per model, this rank's accumulators
+	path     string
+	skipped  []string
+	state    savedState
+	values   []map[*context.Variable]*tensors.Tensor // per model
+	accums   []accumulate.ReducerState               // per model, this rank's accumulators
+	loaders  []prepare.LoaderState                   // per checkpointed loader
+	gradient accumulate.Position
+	user     *userstate.Restore
+	// notes are said on the output once the checkpoint is applied (a global batch that changed).
+	notes []string
 }
 
 func (a *Accelerator) materializeForLoad() error {
@@ -169,6 +230,20 @@ func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
 		}
 		p.Models = append(p.Models, modelPayload{Variables: vars, Accumulators: blob})
 	}
+	for _, uv := range state.UserValues {
+		sv := userstate.SavedValue{Name: uv.Name, PerRank: uv.PerRank}
+		for _, file := range uv.Files {
+			if !filepath.IsLocal(filepath.FromSlash(file)) {
+				return nil, fmt.Errorf("checkpoint %s: %s names file %q outside the checkpoint", path, stateFile, file)
+			}
+			data, err := os.ReadFile(filepath.Join(path, filepath.FromSlash(file)))
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint %s: value %q: %w", path, uv.Name, err)
+			}
+			sv.Data = append(sv.Data, data)
+		}
+		p.User.Values = append(p.User.Values, sv)
+	}
 	var buf bytes.Buffer
 	if err := gob.NewEncoder(&buf).Encode(p); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: encoding it for the other ranks: %w", path, err)
@@ -227,42 +302,106 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 	if len(p.Models) != len(a.models) {
 		return fmt.Errorf("holds %d model(s), this run prepared %d", len(p.Models), len(a.models))
 	}
+	cycle := accumulate.SavedCycle{WorldSize: s.WorldSize, Steps: s.AccumulationSteps, SyncEachBatch: s.SyncEachBatch,
+		Position: s.Gradient}
+	for _, sm := range s.Models {
+		cycle.Accumulating = cycle.Accumulating || sm.Accumulating
+	}
+	if err := a.state.CheckResume(cycle, a.WorldSize()); err != nil {
+		return err
+	}
+	plan.gradient = cycle.ResumePosition()
 	for i, m := range a.models {
 		values, err := matchVariables(m, p.Models[i].Variables)
 		if err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
-		mine, err := a.accumulatorShare(m, p.Models[i].Accumulators)
+		mine, err := m.Reducer().SavedState(p.Models[i].Accumulators, s.WorldSize, s.Models[i].Accumulating)
 		if err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
-		mine.Accumulating = s.Models[i].Accumulating
 		if err := m.Reducer().CheckRestore(mine); err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
 		plan.values = append(plan.values, values)
 		plan.accums = append(plan.accums, mine)
 	}
-	for i, l := range a.checkpointedLoaders() {
-		if err := l.CheckRestore(s.Loaders[i].state()); err != nil {
+	loaders := a.checkpointedLoaders()
+	for i, l := range loaders {
+		state, note, err := a.loaderState(s, i, l, cycle.AtStepBoundary())
+		if err == nil {
+			err = l.CheckRestore(state)
+		}
+		if err != nil {
 			return fmt.Errorf("data loader %d: %w", i, err)
 		}
+		if note != "" && len(loaders) > 1 {
+			note = fmt.Sprintf("data loader %d: %s", i, note)
+		}
+		if note != "" {
+			plan.notes = append(plan.notes, note)
+		}
+		plan.loaders = append(plan.loaders, state)
 	}
-	return a.state.CheckPosition(s.Gradient)
+	user, err := a.userState.Plan(p.User, a.Rank(), a.WorldSize())
+	if err != nil {
+		return err
+	}
+	plan.user = user
+	return nil
 }
 
-// compatible checks that a saved state can resume this run exactly.
+// loaderState reads the saved place of checkpointed loader i for l, and says whether this run takes
+// another number of examples per optimizer step than the saved one did.
+func (a *Accelerator) loaderState(s savedState, i int, l *prepare.DataLoader, atBoundary bool) (prepare.LoaderState, string, error) {
+	sl := s.Loaders[i]
+	savedBatch := sl.BatchSize
+	if savedBatch == 0 { // older checkpoints did not record it: they resume on the same settings
+		savedBatch = l.BatchSize()
+	}
+	if s.Format == 1 {
+		if sl.BatchSize != 0 && sl.BatchSize != l.BatchSize() {
+			return prepare.LoaderState{}, "", fmt.Errorf("was saved with batch size %d per process, this run uses "+
+				"%d: a format-1 checkpoint's position counts batches of the saved size", sl.BatchSize, l.BatchSize())
+		}
+		if sl.Batches != 0 && sl.Batches != l.Len() {
+			return prepare.LoaderState{}, "", fmt.Errorf("had %d batches per epoch per process in the saved run, %d "+
+				"in this one: the dataset differs", sl.Batches, l.Len())
+		}
+		state, err := l.StateAfterBatches(sl.Epoch, sl.Position)
+		return state, "", err
+	}
+	if sl.Examples != 0 && sl.Examples != l.SourceLen() {
+		return prepare.LoaderState{}, "", fmt.Errorf("had %d examples in the saved run, %d in this one: the "+
+			"dataset differs", sl.Examples, l.SourceLen())
+	}
+	if !atBoundary && savedBatch != l.BatchSize() {
+		return prepare.LoaderState{}, "", fmt.Errorf("%w and was saved with batch size %d per process, this run "+
+			"uses %d: the partial gradients are means over batches of the saved size; save at an optimizer-step "+
+			"boundary to resume with another batch size", accumulate.ErrInsideCycle, savedBatch, l.BatchSize())
+	}
+	var note string
+	saved, now := s.WorldSize*s.AccumulationSteps*savedBatch, a.WorldSize()*a.state.Steps()*l.BatchSize()
+	if saved != now {
+		note = fmt.Sprintf("the global batch changed: the checkpoint's run took %d examples per optimizer step (%s), "+
+			"this one takes %d (%s); the learning rate is not rescaled", saved,
+			globalBatch(s.WorldSize, s.AccumulationSteps, savedBatch), now,
+			globalBatch(a.WorldSize(), a.state.Steps(), l.BatchSize()))
+	}
+	return prepare.LoaderState{Epoch: sl.Epoch, Consumed: sl.Consumed}, note, nil
+}
+
+// compatible checks the parts of a saved state that must match this run whatever its size.
 func (a *Accelerator) compatible(s savedState) error {
 	switch {
-	case s.Format != stateFormat:
-		return fmt.Errorf("state format %d, this version reads %d", s.Format, stateFormat)
-	case s.WorldSize != a.WorldSize():
-		return fmt.Errorf("saved by %d processes, this run has %d: the data position and the per-rank partial "+
-			"gradients cannot be mapped exactly; resume with %d processes", s.WorldSize, a.WorldSize(), s.WorldSize)
-	case s.AccumulationSteps != a.state.Steps():
-		return fmt.Errorf("saved with %d accumulation steps, this run uses %d", s.AccumulationSteps, a.state.Steps())
-	case s.SyncEachBatch != a.state.SyncEachBatch():
-		return fmt.Errorf("saved with sync-each-batch %t, this run has %t", s.SyncEachBatch, a.state.SyncEachBatch())
+	case s.Format != 1 && s.Format != stateFormat:
+		return fmt.Errorf("state format %d, this version reads 1 and %d", s.Format, stateFormat)
+	case s.Format == 1 && s.WorldSize != a.WorldSize():
+		return fmt.Errorf("saved by %d processes, this run has %d: the checkpoint is of state format 1, which "+
+			"records per-process batch positions; resume it with %d processes (checkpoints this version saves "+
+			"resume on any number)", s.WorldSize, a.WorldSize(), s.WorldSize)
+	case s.WorldSize < 1:
+		return fmt.Errorf("saved by %d processes", s.WorldSize)
 	case s.Seed != a.cfg.seed:
 		return fmt.Errorf("saved with seed %d, this run uses %d: the data order would not continue the saved "+
 			"run's", s.Seed, a.cfg.seed)
@@ -291,17 +430,6 @@ func (a *Accelerator) compatible(s savedState) error {
 		}
 		if so.Steps < 0 || so.Skipped < 0 {
 			return fmt.Errorf("optimizer %d has negative step counts (%d applied, %d skipped)", i, so.Steps, so.Skipped)
-		}
-	}
-	for i, l := range a.checkpointedLoaders() {
-		sl := s.Loaders[i]
-		if sl.BatchSize != 0 && sl.BatchSize != l.BatchSize() {
-			return fmt.Errorf("data loader %d was saved with batch size %d per process, this run uses %d: its "+
-				"position counts other batches", i, sl.BatchSize, l.BatchSize())
-		}
-		if sl.Batches != 0 && sl.Batches != l.Len() {
-			return fmt.Errorf("data loader %d had %d batches per epoch per process in the saved run, %d in this "+
-				"one: the dataset differs", i, sl.Batches, l.Len())
 		}
 	}
 	return nil
@@ -343,24 +471,6 @@ func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Varia
 	return values, nil
 }
 
-// accumulatorShare checks the size of a gathered accumulator blob and returns this rank's part of it.
-func (a *Accelerator) accumulatorShare(m *prepare.Model, blob []byte) (accumulate.ReducerState, error) {
-	size, rank := a.comm.Size(), a.comm.Rank()
-	var mine accumulate.ReducerState
-	offset := 0
-	for _, n := range m.Reducer().AccumulatorBytes() {
-		if offset+n*size > len(blob) {
-			return mine, fmt.Errorf("accumulators file is %d bytes, too short for the model", len(blob))
-		}
-		mine.Accumulators = append(mine.Accumulators, blob[offset+rank*n:offset+(rank+1)*n])
-		offset += n * size
-	}
-	if offset != len(blob) {
-		return mine, fmt.Errorf("accumulators file is %d bytes, the model needs %d", len(blob), offset)
-	}
-	return mine, nil
-}
-
 // applyLoad sets a validated checkpoint.
 func (a *Accelerator) applyLoad(plan *loadPlan) error {
 	s := plan.state
@@ -381,9 +491,18 @@ func (a *Accelerator) applyLoad(plan *loadPlan) error {
 		}
 	}
 	for i, l := range a.checkpointedLoaders() {
-		if err := l.Restore(s.Loaders[i].state()); err != nil {
+		if err := l.Restore(plan.loaders[i]); err != nil {
 			return fmt.Errorf("accel: loading state: %w", err)
 		}
 	}
-	return a.state.Restore(s.Gradient)
+	return a.state.Restore(plan.gradient)
+}
+
+// globalBatch spells out N·K·b: "2 processes × K=4 × batch 16".
+func globalBatch(processes, k, batch int) string {
+	unit := "processes"
+	if processes == 1 {
+		unit = "process"
+	}
+	return fmt.Sprintf("%d %s × K=%d × batch %d", processes, unit, k, batch)
 }

@@ -362,3 +362,80 @@ func TestMPIDeadRank(t *testing.T) {
 	assert.Regexp(t, `rank 1\b`, out.Stdout+out.Stderr, "mpirun must say which rank failed:\n%s", out)
 	t.Logf("job ended %s after the kill was due; exit code %s", out.Elapsed, strconv.Itoa(out.ExitCode))
 }
+
+// resizeReport is what rank 0 of a phase of TestMPIResumeOnAnotherWorldSize reports.
+type resizeReport struct {
+	Final testmodel.Snapshot  `json:"final"`
+	Curve []float64           `json:"curve"`
+	Place prepare.LoaderState `json:"place"`
+}
+
+// TestMPIResumeOnAnotherWorldSize: a checkpoint saved at an optimizer-step boundary by `mpirun -np 2`
+// (2 processes × K=2 × batch 2) resumes in new processes under `mpirun -np 4` (4 × 1 × 2) and `-np 1`
+// (1 × 2 × 4); each ends with the weights of the uninterrupted 2-process run within 1e-5 and the same
+// loss curve within 1e-4.
+func TestMPIResumeOnAnotherWorldSize(t *testing.T) {
+	const epochs, stopAfter = 2, 4
+	if mpitest.IsRank() {
+		mpitest.Do(t, func() (any, error) {
+			k, _ := strconv.Atoi(os.Getenv("GOACCEL_TEST_K"))
+			b, _ := strconv.Atoi(os.Getenv("GOACCEL_TEST_BATCH"))
+			acc, err := accel.New(accel.WithBackend("go"), accel.WithGradientAccumulationSteps(k), accel.WithSeed(11))
+			if err != nil {
+				return nil, err
+			}
+			defer acc.Close()
+			r := prepareResumableWith(t, acc, testmodel.SGD, resizeExamples, b, 1)
+			dir := os.Getenv("GOACCEL_TEST_CHECKPOINTS")
+			var rep resizeReport
+			switch os.Getenv("GOACCEL_TEST_PHASE") {
+			case "straight":
+				rep.Curve, err = r.trainCurve(acc, epochs, 0)
+			case "first":
+				if rep.Curve, err = r.trainCurve(acc, epochs, stopAfter); err == nil {
+					_, err = acc.SaveState(dir)
+				}
+			case "resume":
+				if err = acc.LoadState(dir); err == nil {
+					rep.Place = r.loader.State()
+					rep.Curve, err = r.trainCurve(acc, epochs, 0)
+				}
+			}
+			if err != nil {
+				return nil, err
+			}
+			rep.Final, err = testmodel.TakeSnapshot(r.model.Parameters())
+			return rep, err
+		})
+		return
+	}
+	dir := t.TempDir()
+	phase := func(np, k, b int, name string) resizeReport {
+		results := mpitest.Run(t, np, t.Name(), mpitest.WithEnv("GOACCEL_TEST_PHASE="+name,
+			"GOACCEL_TEST_CHECKPOINTS="+dir, fmt.Sprintf("GOACCEL_TEST_K=%d", k), fmt.Sprintf("GOACCEL_TEST_BATCH=%d", b)),
+			mpitest.WithTimeout(3*time.Minute))
+		var rep resizeReport
+		require.NoError(t, results[0].Decode(&rep))
+		return rep
+	}
+	straight := phase(2, 2, 2, "straight")
+	first := phase(2, 2, 2, "first")
+	require.Len(t, first.Curve, stopAfter)
+	for _, to := range []struct{ np, k, b int }{{4, 1, 2}, {1, 2, 4}} {
+		t.Run(fmt.Sprintf("-np %d", to.np), func(t *testing.T) {
+			resumed := phase(to.np, to.k, to.b, "resume")
+			assert.Equal(t, prepare.LoaderState{Epoch: 0, Consumed: stopAfter * 8}, resumed.Place)
+			moved, _, err := testmodel.MaxRelativeError(allVariables(resumed.Final.Context()), first.Final.Context())
+			require.NoError(t, err)
+			require.Greater(t, moved, 1e-3, "the resumed run trained: the comparison is not vacuous")
+			worst, name, err := testmodel.MaxRelativeError(allVariables(resumed.Final.Context()), straight.Final.Context())
+			require.NoError(t, err)
+			assert.LessOrEqual(t, worst, 1e-5, "variable %s", name)
+			curve := append(slices.Clone(first.Curve), resumed.Curve...)
+			require.Len(t, curve, len(straight.Curve))
+			for i := range curve {
+				assert.InDelta(t, straight.Curve[i], curve[i], 1e-4, "optimizer step %d's loss", i+1)
+			}
+		})
+	}
+}

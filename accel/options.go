@@ -41,6 +41,8 @@ type config struct {
 	matmul         string
 	convolutions   string
 	visibleDevices string
+	// restartCount is how many times a launcher restarted the job (see RestartCount).
+	restartCount int
 }
 
 // CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1, true, yes or on (read with

@@ -14,14 +14,19 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/userstate"
 )
 
-// stateFormat versions the layout of state.json.
-const stateFormat = 1
+// stateFormat versions the layout of state.json. Format 2 records each loader's place as the examples of
+// the epoch's order the job consumed (any world size resumes it) and the registered values; format 1
+// recorded per-process batch positions, and is still read on the world size that wrote it.
+const stateFormat = 2
 
 const (
 	stateFile        = "state.json"
 	accumulatorsFile = "accumulators.bin"
+	// userStateDir holds the values registered with RegisterForCheckpointing, one file per value (and rank).
+	userStateDir = "user"
 )
 
 // savedState is what a checkpoint holds beside the variables.
@@ -39,6 +44,15 @@ type savedState struct {
 	Loaders           []savedLoader       `json:"loaders"`
 	// LogRecords is the number of records logged with Log before the checkpoint.
 	LogRecords int64 `json:"log_records,omitempty"`
+	// UserValues are the values registered with RegisterForCheckpointing (format 2).
+	UserValues []savedUserValue `json:"user_values,omitempty"`
+}
+
+// savedUserValue names a registered value's files: one for a value saved once, one per rank otherwise.
+type savedUserValue struct {
+	Name    string   `json:"name"`
+	PerRank bool     `json:"per_rank,omitempty"`
+	Files   []string `json:"files"`
 }
 
 type savedModel struct {
@@ -57,16 +71,18 @@ type savedOptimizer struct {
 }
 
 type savedLoader struct {
-	Epoch    int `json:"epoch"`
-	Position int `json:"position"`
-	// BatchSize (per rank) and Batches (per rank and epoch; -1 for a stream) say what Position counts;
-	// absent in older checkpoints.
+	Epoch int `json:"epoch"`
+	// Consumed is the number of examples (for a stream, batches) of the epoch's global order the job
+	// consumed (format 2; see prepare.LoaderState).
+	Consumed int `json:"consumed"`
+	// Position is format 1's place: batches per process.
+	Position int `json:"position,omitempty"`
+	// BatchSize is the per-process batch size. Examples (format 2) is the source's length (-1 for a
+	// stream); Batches (format 1) the batches per process and epoch (-1 for a stream). Both are absent in
+	// older checkpoints.
 	BatchSize int `json:"batch_size,omitempty"`
+	Examples  int `json:"examples,omitempty"`
 	Batches   int `json:"batches,omitempty"`
-}
-
-func (l savedLoader) state() prepare.LoaderState {
-	return prepare.LoaderState{Epoch: l.Epoch, Position: l.Position}
 }
 
 // WithCheckpointDir names the directory the job will SaveState into, so that New checks it when the job
@@ -125,8 +141,9 @@ func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLi
 // SaveState writes a checkpoint of everything needed to resume exactly: model variables and optimizer
 // state (through GoMLX's checkpoints package), the optimizer step counts, the position inside the
 // accumulation cycle with every rank's partial gradients, GoMLX's RNG state, each data loader's epoch and
-// position, and the run's configuration. It creates dir/checkpoint-NNNNNNNN atomically (see package
-// checkpoint) and returns its path.
+// place in it (the examples of the epoch's order the job consumed; after the epoch's last batch, the next
+// epoch's start), the values registered with RegisterForCheckpointing, and the run's configuration. It
+// creates dir/checkpoint-NNNNNNNN atomically (see package checkpoint) and returns its path.
 //
 // Collective: every rank calls it; only the main process writes, and every rank returns once the
 // checkpoint is durable, or with the main process's error.
@@ -142,9 +159,13 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	// small next to the model, so the layout stays the same whatever the position.
 	accumulators := make([][]byte, len(a.models))
 	for i, m := range a.models {
-		if accumulators[i], err = a.gatherAccumulators(m, reducers[i]); err != nil {
+		if accumulators[i], err = m.Reducer().GatherState(reducers[i]); err != nil {
 			return "", fmt.Errorf("accel: saving state: %w", err)
 		}
+	}
+	user, err := a.userState.Collect(a.comm)
+	if err != nil {
+		return "", fmt.Errorf("accel: saving state: %w", err)
 	}
 	// No other job may write here while this one does (it would delete this job's temporary checkpoint).
 	if err := a.holdCheckpointDir(dir); err != nil {
@@ -154,7 +175,7 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	var saveErr error
 	if a.IsMainProcess() {
 		path, saveErr = checkpoint.Write(dir, a.cfg.checkpointLimit, func(tmp string) error {
-			return a.writeState(tmp, state, accumulators)
+			return a.writeState(tmp, state, accumulators, user)
 		})
 	}
 	// The broadcast doubles as the barrier: no rank returns before the checkpoint is durable.
@@ -206,8 +227,9 @@ func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, err
 			Kind: os.Kind})
 	}
 	for _, l := range a.checkpointedLoaders() {
-		s.Loaders = append(s.Loaders, savedLoader{Epoch: l.Epoch(), Position: l.Position(), BatchSize: l.BatchSize(),
-			Batches: l.Len()})
+		ls := l.State()
+		s.Loaders = append(s.Loaders, savedLoader{Epoch: ls.Epoch, Consumed: ls.Consumed, BatchSize: l.BatchSize(),
+			Examples: l.SourceLen()})
 	}
 	return s, reducers, nil
 }
@@ -224,7 +246,7 @@ func (a *Accelerator) checkpointedLoaders() []*prepare.DataLoader {
 }
 
 // writeState fills a checkpoint directory (main process only).
-func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte) error {
+func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte, user userstate.Saved) error {
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
 		if err := saveVariables(m.Context(), modelDir, m.Reducer().Accumulators()); err != nil {
@@ -233,6 +255,26 @@ func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]
 		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {
 			return err
 		}
+	}
+	if len(user.Values) > 0 {
+		if err := os.Mkdir(filepath.Join(dir, userStateDir), 0o755); err != nil {
+			return err
+		}
+	}
+	// Files are numbered, not named after the values: a name is any string, a file name is not.
+	for i, v := range user.Values {
+		sv := savedUserValue{Name: v.Name, PerRank: v.PerRank}
+		for rank, data := range v.Data {
+			file := fmt.Sprintf("%s/%03d.bin", userStateDir, i)
+			if v.PerRank {
+				file = fmt.Sprintf("%s/%03d-rank-%d.bin", userStateDir, i, rank)
+			}
+			if err := checkpoint.WriteFile(filepath.Join(dir, filepath.FromSlash(file)), data); err != nil {
+				return err
+			}
+			sv.Files = append(sv.Files, file)
+		}
+		state.UserValues = append(state.UserValues, sv)
 	}
 	data, err := json.MarshalIndent(state, "", "  ")
 	if err != nil {
@@ -261,23 +303,6 @@ func recoverInto(err *error, what string) {
 	if r := recover(); r != nil {
 		*err = fmt.Errorf("accel: %s: %v", what, r)
 	}
-}
-
-// gatherAccumulators returns, on the main process, every rank's accumulator bytes (bucket by bucket, rank
-// by rank); on other ranks nil.
-func (a *Accelerator) gatherAccumulators(m *prepare.Model, state accumulate.ReducerState) ([]byte, error) {
-	var blob []byte
-	size := a.comm.Size()
-	for b, data := range state.Accumulators {
-		all := make([]byte, len(data)*size)
-		if err := a.comm.AllGather(data, all); err != nil {
-			return nil, fmt.Errorf("gathering accumulator %q: %w", m.Reducer().Accumulators()[b].ScopeAndName(), err)
-		}
-		if a.IsMainProcess() {
-			blob = append(blob, all...)
-		}
-	}
-	return blob, nil
 }
 
 // broadcastBytes sends root's (rank 0's) data of any length to every rank.

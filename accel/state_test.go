@@ -34,11 +34,16 @@ type resumable struct {
 	loader *prepare.DataLoader
 }
 
-func prepareResumable(t *testing.T, acc *accel.Accelerator, n, b int, seed uint64) resumable {
+func prepareResumable(t testing.TB, acc *accel.Accelerator, n, b int, seed uint64) resumable {
+	t.Helper()
+	return prepareResumableWith(t, acc, testmodel.Adam, n, b, seed)
+}
+
+func prepareResumableWith(t testing.TB, acc *accel.Accelerator, kind testmodel.OptimizerKind, n, b int, seed uint64) resumable {
 	t.Helper()
 	model, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
 	require.NoError(t, err)
-	opt, err := acc.PrepareOptimizer(model, testmodel.NewOptimizer(testmodel.Adam))
+	opt, err := acc.PrepareOptimizer(model, testmodel.NewOptimizer(kind))
 	require.NoError(t, err)
 	x, y := testmodel.Data(n, seed)
 	src, err := prepare.TensorSource([]*tensors.Tensor{x}, []*tensors.Tensor{y})
@@ -48,36 +53,65 @@ func prepareResumable(t *testing.T, acc *accel.Accelerator, n, b int, seed uint6
 	return resumable{model, opt, loader}
 }
 
-// train runs the user's loop from the loader's current epoch to epochs, stopping after stopAfter
-// micro-batches (if > 0). It returns the number of micro-batches run.
-func (r resumable) train(acc *accel.Accelerator, epochs, stopAfter int) (int, error) {
-	ran := 0
+// loop runs the user's loop from the loader's current epoch to epochs, calling after with each
+// micro-batch's loss and whether the optimizer stepped on it, until after says to stop.
+func (r resumable) loop(acc *accel.Accelerator, epochs int, after func(loss float64, stepped bool) (stop bool, err error)) error {
 	for epoch := r.loader.Epoch(); epoch < epochs; epoch++ {
 		r.loader.SetEpoch(epoch)
 		for batch, err := range r.loader.All() {
 			if err != nil {
-				return ran, err
-			}
-			err = acc.Accumulate(func() error {
-				if _, err := acc.Backward(r.model, batch); err != nil {
-					return err
-				}
-				if _, err := r.opt.Step(); err != nil {
-					return err
-				}
-				err := r.opt.ZeroGrad()
 				return err
+			}
+			var loss float64
+			var stepped bool
+			err = acc.Accumulate(func() error {
+				if loss, err = acc.Backward(r.model, batch); err != nil {
+					return err
+				}
+				if stepped, err = r.opt.Step(); err != nil {
+					return err
+				}
+				return r.opt.ZeroGrad()
 			})
 			if err != nil {
-				return ran, err
+				return err
 			}
-			ran++
-			if stopAfter > 0 && ran == stopAfter {
-				return ran, nil
+			if stop, err := after(loss, stepped); stop || err != nil {
+				return err
 			}
 		}
 	}
-	return ran, nil
+	return nil
+}
+
+// train runs the loop from the loader's current epoch to epochs, stopping after stopAfter micro-batches
+// (if > 0). It returns the number of micro-batches run.
+func (r resumable) train(acc *accel.Accelerator, epochs, stopAfter int) (int, error) {
+	ran := 0
+	err := r.loop(acc, epochs, func(float64, bool) (bool, error) {
+		ran++
+		return stopAfter > 0 && ran == stopAfter, nil
+	})
+	return ran, err
+}
+
+// loadChangesNothingOnRefusal builds r's model, loads dir, and checks that on this rank a refusal left the
+// weights, the optimizer's steps and the data place as they were. It returns LoadState's error.
+func loadChangesNothingOnRefusal(t testing.TB, acc *accel.Accelerator, r resumable, dir string) error {
+	t.Helper()
+	require.NoError(t, r.model.Materialize(must(r.loader.PeekBatch())))
+	before, err := replicas.VariablesDigest(r.model.ReplicatedVariables())
+	require.NoError(t, err)
+	loadErr := acc.LoadState(dir)
+	if loadErr == nil {
+		return nil
+	}
+	after, err := replicas.VariablesDigest(r.model.ReplicatedVariables())
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "a refused checkpoint changes no weight")
+	assert.Zero(t, r.opt.Steps())
+	assert.Equal(t, prepare.LoaderState{}, r.loader.State())
+	return loadErr
 }
 
 // TestResumeIsBitwiseExact: training E epochs straight through and training, checkpointing mid-epoch and
@@ -138,11 +172,14 @@ func TestResumeIsBitwiseExact(t *testing.T) {
 	}
 }
 
+// TestLoadStateRefusesWhatDoesNotFit: what a run cannot continue is refused with what differs. A
+// checkpoint at an optimizer-step boundary fits any world size and K (TestResumeOnAnotherWorldSize); one
+// inside a cycle, saved here, only the same (TestInsideCycleCheckpointOnAnotherWorldSize).
 func TestLoadStateRefusesWhatDoesNotFit(t *testing.T) {
 	dir := t.TempDir()
 	runRanks(t, 2, []accel.Option{accel.WithGradientAccumulationSteps(2)}, func(rank int, acc *accel.Accelerator) error {
 		r := prepareResumable(t, acc, 8, 2, 1)
-		if _, err := r.train(acc, 1, 0); err != nil {
+		if _, err := r.train(acc, 1, 1); err != nil {
 			return err
 		}
 		_, err := acc.SaveState(dir)
@@ -153,7 +190,8 @@ func TestLoadStateRefusesWhatDoesNotFit(t *testing.T) {
 		opts []accel.Option
 		want string
 	}{
-		{"world size", []accel.Option{accel.WithGradientAccumulationSteps(2)}, "saved by 2 processes, this run has 1"},
+		{"world size", []accel.Option{accel.WithGradientAccumulationSteps(2)}, "saved by 2 processes and this run has 1"},
+		{"seed", []accel.Option{accel.WithGradientAccumulationSteps(2), accel.WithSeed(3)}, "saved with seed 42, this run uses 3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			acc := newSingle(t, tc.opts...)
@@ -164,18 +202,25 @@ func TestLoadStateRefusesWhatDoesNotFit(t *testing.T) {
 		})
 	}
 	single := t.TempDir()
-	acc := newSingle(t)
+	acc := newSingle(t, accel.WithGradientAccumulationSteps(3))
 	r := prepareResumable(t, acc, 8, 2, 1)
-	_, err := r.train(acc, 1, 0)
+	_, err := r.train(acc, 1, 2)
 	require.NoError(t, err)
 	_, err = acc.SaveState(single)
 	require.NoError(t, err)
 	t.Run("accumulation", func(t *testing.T) {
-		acc := newSingle(t, accel.WithGradientAccumulationSteps(3))
+		acc := newSingle(t, accel.WithGradientAccumulationSteps(2))
 		prepareResumable(t, acc, 8, 2, 1)
 		err := acc.LoadState(single)
 		require.Error(t, err)
-		assert.Contains(t, err.Error(), "saved with 1 accumulation steps, this run uses 3")
+		assert.Contains(t, err.Error(), "saved with 3 accumulation steps and this run uses 2")
+	})
+	t.Run("dataset", func(t *testing.T) {
+		acc := newSingle(t, accel.WithGradientAccumulationSteps(3))
+		prepareResumable(t, acc, 10, 2, 1)
+		err := acc.LoadState(single)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "had 8 examples in the saved run, 10 in this one: the dataset differs")
 	})
 	t.Run("other model", func(t *testing.T) {
 
@@ -194,9 +239,10 @@ func TestLoadStateRefusesWhatDoesNotFit(t *testing.T) {
 		err := acc.LoadState(t.TempDir())
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "no checkpoint")
+		assert.ErrorIs(t, err, checkpoint.ErrNoCheckpoint)
 	})
 	t.Run("damaged file", func(t *testing.T) {
-		latest, err := checkpoint.Latest(dir)
+		latest, err := checkpoint.Latest(single)
 		require.NoError(t, err)
 		damaged := filepath.Join(t.TempDir(), "copy")
 		require.NoError(t, os.CopyFS(damaged, os.DirFS(latest)))
@@ -204,7 +250,7 @@ func TestLoadStateRefusesWhatDoesNotFit(t *testing.T) {
 		data, err := os.ReadFile(state)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(state, append(data, ' '), 0o644))
-		acc := newSingle(t, accel.WithGradientAccumulationSteps(2))
+		acc := newSingle(t, accel.WithGradientAccumulationSteps(3))
 		prepareResumable(t, acc, 8, 2, 1)
 		err = acc.LoadState(damaged)
 		require.Error(t, err)

@@ -1,6 +1,7 @@
 package accumulate_test
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
@@ -252,4 +253,47 @@ func ExampleParseCompression() {
 	// fp16 <nil>
 	// none <nil>
 	// none accumulate: unknown gradient compression "int8" (want bf16, fp16 or none)
+}
+
+// CheckResume decides whether a checkpoint's gradient state can continue in this run: at an optimizer-step
+// boundary anything may change; inside a cycle, the world size, K and sync-each-batch must be the same.
+func ExampleGradientState_CheckResume() {
+	state, _ := accumulate.NewGradientState(4, false) // this run: K=4
+	boundary := accumulate.SavedCycle{WorldSize: 2, Steps: 2}
+	inside := accumulate.SavedCycle{WorldSize: 2, Steps: 2, Accumulating: true,
+		Position: accumulate.Position{StepInCycle: 1, ScaledMicroBatches: 1}}
+	fmt.Println(boundary.AtStepBoundary(), state.CheckResume(boundary, 4), boundary.ResumePosition())
+	err := state.CheckResume(inside, 4)
+	fmt.Println(inside.AtStepBoundary(), errors.Is(err, accumulate.ErrInsideCycle))
+	// Output:
+	// true <nil> {0 0 0}
+	// false true
+}
+
+// GatherState collects every rank's accumulators on the main process for a checkpoint; SavedState gives a
+// rank its share back: its own partial sums on the same number of ranks, empty accumulators on another
+// number when the checkpoint was at an optimizer-step boundary.
+func ExampleReducer_SavedState() {
+	plan, _ := accumulate.NewPlan([]accumulate.Param{{Name: "w", Shape: shapes.Make(dtypes.Float32, 2)}}, 0, 1<<20)
+	newReducer := func(comm *backends.Communicator) *accumulate.Reducer {
+		state, _ := accumulate.NewGradientState(1, false)
+		acc := context.New().VariableWithValue("bucket_000", []float32{0, 0})
+		return accumulate.NewReducer(comm, plan, accumulate.WithGradientState(state),
+			accumulate.WithAccumulators([]*context.Variable{acc}))
+	}
+	reducer := newReducer(backends.NewSingle())
+	state, _ := reducer.State()
+	blob, err := reducer.GatherState(state)
+	fmt.Println(len(blob), "bytes", err)
+
+	// The same blob, read by rank 1 of a run of 3 processes: the checkpoint was at a step boundary.
+	comms, _ := backends.NewInProcessGroup(3)
+	share, err := newReducer(comms[1]).SavedState(blob, 1, false)
+	fmt.Println(len(share.Accumulators[0]), "bytes", share.Accumulating, err)
+	_, err = newReducer(comms[1]).SavedState(blob, 1, true)
+	fmt.Println(errors.Is(err, accumulate.ErrInsideCycle))
+	// Output:
+	// 8 bytes <nil>
+	// 8 bytes false <nil>
+	// true
 }

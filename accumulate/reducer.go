@@ -463,3 +463,64 @@ func (r *Reducer) Restore(s ReducerState) error {
 	r.dirty, r.synced, r.nonFinite = s.Accumulating, false, false
 	return nil
 }
+
+// GatherState gathers every rank's accumulators of s (this rank's State) onto the main process (rank 0),
+// bucket by bucket and, within a bucket, rank by rank: the layout SavedState reads. Other ranks get nil.
+// Collective.
+func (r *Reducer) GatherState(s ReducerState) ([]byte, error) {
+	var blob []byte
+	size := r.comm.Size()
+	for b, data := range s.Accumulators {
+		all := make([]byte, len(data)*size)
+		if size == 1 {
+			copy(all, data)
+		} else if err := r.comm.AllGather(data, all); err != nil {
+			return nil, fmt.Errorf("accumulate: gathering accumulator %q: %w", r.accumulators[b].ScopeAndName(), err)
+		}
+		if r.comm.Rank() == 0 {
+			blob = append(blob, all...)
+		}
+	}
+	return blob, nil
+}
+
+// SavedState returns this rank's ReducerState from a checkpoint's gathered accumulators (GatherState's
+// layout, written by savedRanks ranks; accumulating as the checkpoint recorded). On the saved number of
+// ranks each rank gets its own partial sums back. On another number only a checkpoint at an optimizer-step
+// boundary fits: every rank's accumulators were empty, and each rank of this run starts with empty ones.
+// A partial cycle there is ErrInsideCycle: the partial sums of ranks that no longer exist cannot be
+// placed.
+func (r *Reducer) SavedState(blob []byte, savedRanks int, accumulating bool) (ReducerState, error) {
+	if err := r.forModel(); err != nil {
+		return ReducerState{}, err
+	}
+	if savedRanks < 1 {
+		return ReducerState{}, fmt.Errorf("accumulate: accumulators saved by %d ranks", savedRanks)
+	}
+	sizes := r.AccumulatorBytes()
+	total := 0
+	for _, n := range sizes {
+		total += n * savedRanks
+	}
+	if len(blob) != total {
+		return ReducerState{}, fmt.Errorf("accumulate: the saved accumulators are %d bytes, the model's buckets "+
+			"on %d ranks need %d", len(blob), savedRanks, total)
+	}
+	size, rank := r.comm.Size(), r.comm.Rank()
+	if savedRanks != size && accumulating {
+		return ReducerState{}, fmt.Errorf("%w: the accumulators hold the partial sums of %d processes and this "+
+			"run has %d; save at an optimizer-step boundary to resume on another number of processes",
+			ErrInsideCycle, savedRanks, size)
+	}
+	mine := ReducerState{Accumulating: accumulating}
+	offset := 0
+	for _, n := range sizes {
+		if savedRanks == size {
+			mine.Accumulators = append(mine.Accumulators, blob[offset+rank*n:offset+(rank+1)*n])
+		} else {
+			mine.Accumulators = append(mine.Accumulators, make([]byte, n))
+		}
+		offset += n * savedRanks
+	}
+	return mine, nil
+}

@@ -232,3 +232,57 @@ func (s *GradientState) CheckPosition(p Position) error {
 	}
 	return nil
 }
+
+// SavedCycle is what a checkpoint records of the gradient state: the run's settings and where in an
+// accumulation cycle it was taken.
+type SavedCycle struct {
+	WorldSize     int
+	Steps         int // K
+	SyncEachBatch bool
+	Position      Position
+	// Accumulating says that some model's accumulators held micro-batches of an unfinished cycle.
+	Accumulating bool
+}
+
+// AtStepBoundary reports whether the checkpoint was taken between optimizer steps: no micro-batch was
+// accumulated since the last sync, so the accumulators are empty on every rank and the optimizer state is
+// replicated. Nothing of such a checkpoint depends on the number of ranks or on K.
+func (c SavedCycle) AtStepBoundary() bool { return !c.Accumulating && c.Position == Position{} }
+
+// ErrInsideCycle is CheckResume's error (wrapped) for a checkpoint taken inside an accumulation cycle
+// that a run with another world size, K or sync-each-batch cannot continue.
+var ErrInsideCycle = errors.New("accumulate: the checkpoint was taken inside an accumulation cycle")
+
+// CheckResume returns why this state's run, on worldSize ranks, cannot continue the gradient state saved as
+// c, or nil. At an optimizer-step boundary anything may change: the world size, K, sync-each-batch. Inside
+// a cycle the accumulators hold each rank's partial sums, scaled by 1/K, and the cycle's micro-batch count:
+// they mean the same only with the same world size, K and sync-each-batch.
+func (s *GradientState) CheckResume(c SavedCycle, worldSize int) error {
+	if c.AtStepBoundary() {
+		return nil
+	}
+	var differs string
+	switch {
+	case c.WorldSize != worldSize:
+		differs = fmt.Sprintf("it was saved by %d processes and this run has %d", c.WorldSize, worldSize)
+	case c.Steps != s.steps:
+		differs = fmt.Sprintf("it was saved with %d accumulation steps and this run uses %d", c.Steps, s.steps)
+	case c.SyncEachBatch != s.syncEachBatch:
+		differs = fmt.Sprintf("it was saved with sync-each-batch %t and this run has %t", c.SyncEachBatch, s.syncEachBatch)
+	default:
+		return s.CheckPosition(c.Position)
+	}
+	return fmt.Errorf("%w (%d of K=%d micro-batches accumulated, per process) and %s: its partial gradients "+
+		"resume only on the same number of processes, K and sync-each-batch; save at an optimizer-step "+
+		"boundary (after the Step that applied the gradients) to resume on another configuration",
+		ErrInsideCycle, c.Position.StepInCycle, c.Steps, differs)
+}
+
+// ResumePosition is the position to restore for a checkpoint that CheckResume accepted: the saved one,
+// or at a step boundary the start of a cycle, whatever K was.
+func (c SavedCycle) ResumePosition() Position {
+	if c.AtStepBoundary() {
+		return Position{}
+	}
+	return c.Position
+}

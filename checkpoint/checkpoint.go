@@ -27,9 +27,15 @@ const (
 	Prefix = "checkpoint-"
 	// tempPrefix names checkpoints being written; they are ignored by Latest and removed by the next Write.
 	tempPrefix = ".tmp-"
+	// asidePrefix names incomplete checkpoints Write moved out of the way; nothing lists or counts them.
+	asidePrefix = ".incomplete-"
 	// ManifestFile lists the checkpoint's files and their checksums; it is written last.
 	ManifestFile = "MANIFEST.json"
 )
+
+// ErrNoCheckpoint is returned (wrapped) by Latest and LatestIntact when a directory holds no checkpoint at
+// all, complete or not: a job resuming "when it can" starts afresh on it, and on nothing else.
+var ErrNoCheckpoint = errors.New("checkpoint: no checkpoint")
 
 // Manifest describes a checkpoint's files.
 type Manifest struct {
@@ -41,14 +47,19 @@ type Manifest struct {
 type Writer func(dir string) error
 
 // Write creates the next checkpoint under root: fill runs on a fresh temporary directory, then the
-// checkpoint is made durable and renamed into place. It keeps the newest keep checkpoints (all if keep <= 0)
-// and returns the new checkpoint's path.
+// checkpoint is made durable and renamed into place. It returns the new checkpoint's path.
+//
+// Once the new checkpoint is in place, older checkpoint directories without a manifest (a copy cut short,
+// a manifest deleted by hand: never something Write leaves) are moved aside to .incomplete-checkpoint-N,
+// where nothing lists or counts them and their files stay for inspection. Then the newest keep complete
+// checkpoints are kept (all if keep <= 0) and older complete ones removed: an incomplete directory never
+// counts against keep.
 func Write(root string, keep int, fill Writer) (string, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("checkpoint: creating %s: %w", root, err)
 	}
 	removeStaleTemps(root)
-	existing, err := List(root)
+	existing, err := listNamed(root)
 	if err != nil {
 		return "", err
 	}
@@ -99,6 +110,9 @@ func Write(root string, keep int, fill Writer) (string, error) {
 		cleanup()
 		return "", fmt.Errorf("checkpoint: writing %s: %w", final, err)
 	}
+	if err := moveAsideIncomplete(existing); err != nil {
+		return final, err
+	}
 	if keep > 0 {
 		all, err := List(root)
 		if err != nil {
@@ -113,8 +127,49 @@ func Write(root string, keep int, fill Writer) (string, error) {
 	return final, nil
 }
 
-// List returns root's complete checkpoints, oldest first.
+// List returns root's complete checkpoints (those with a manifest), oldest first.
 func List(root string) ([]string, error) {
+	named, err := listNamed(root)
+	if err != nil {
+		return nil, err
+	}
+	var complete []string
+	for _, dir := range named {
+		if hasManifest(dir) {
+			complete = append(complete, dir)
+		}
+	}
+	return complete, nil
+}
+
+func hasManifest(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, ManifestFile))
+	return err == nil
+}
+
+// moveAsideIncomplete renames each of dirs that has no manifest to .incomplete-NAME beside it (with a
+// numeric suffix if that name is taken).
+func moveAsideIncomplete(dirs []string) error {
+	for _, dir := range dirs {
+		if hasManifest(dir) {
+			continue
+		}
+		aside := filepath.Join(filepath.Dir(dir), asidePrefix+filepath.Base(dir))
+		for i := 2; ; i++ {
+			if _, err := os.Lstat(aside); errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			aside = filepath.Join(filepath.Dir(dir), fmt.Sprintf("%s%s.%d", asidePrefix, filepath.Base(dir), i))
+		}
+		if err := os.Rename(dir, aside); err != nil {
+			return fmt.Errorf("checkpoint: moving incomplete checkpoint %s aside: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// listNamed returns root's directories named like checkpoints, complete or not, oldest first.
+func listNamed(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -134,7 +189,7 @@ func List(root string) ([]string, error) {
 
 // Latest returns the newest complete checkpoint: root itself if it is one, else the newest under it.
 func Latest(root string) (string, error) {
-	if _, err := os.Stat(filepath.Join(root, ManifestFile)); err == nil {
+	if hasManifest(root) {
 		return root, nil
 	}
 	all, err := List(root)
@@ -142,7 +197,10 @@ func Latest(root string) (string, error) {
 		return "", err
 	}
 	if len(all) == 0 {
-		return "", fmt.Errorf("checkpoint: no checkpoint in %s", root)
+		if named, _ := listNamed(root); len(named) > 0 {
+			return "", fmt.Errorf("checkpoint: no complete checkpoint in %s", root)
+		}
+		return "", fmt.Errorf("%w in %s", ErrNoCheckpoint, root)
 	}
 	return all[len(all)-1], nil
 }
@@ -159,12 +217,12 @@ func LatestIntact(root string) (path string, skipped []error, err error) {
 		}
 		return root, nil, nil
 	}
-	all, err := List(root)
+	all, err := listNamed(root)
 	if err != nil {
 		return "", nil, err
 	}
 	if len(all) == 0 {
-		return "", nil, fmt.Errorf("checkpoint: no checkpoint in %s", root)
+		return "", nil, fmt.Errorf("%w in %s", ErrNoCheckpoint, root)
 	}
 	for i := len(all) - 1; i >= 0; i-- {
 		if _, err := Verify(all[i]); err != nil {

@@ -101,9 +101,79 @@ func TestVerifyRefusesDamage(t *testing.T) {
 	}
 }
 
+// TestLatestWithoutCheckpoints: a directory with no checkpoint at all is ErrNoCheckpoint (a job that resumes
+// when it can starts afresh); one whose checkpoints are all incomplete is not.
 func TestLatestWithoutCheckpoints(t *testing.T) {
-	_, err := checkpoint.Latest(filepath.Join(t.TempDir(), "missing"))
-	assert.ErrorContains(t, err, "no checkpoint")
+	for _, root := range []string{filepath.Join(t.TempDir(), "missing"), t.TempDir()} {
+		_, err := checkpoint.Latest(root)
+		assert.ErrorContains(t, err, "no checkpoint in "+root)
+		assert.ErrorIs(t, err, checkpoint.ErrNoCheckpoint)
+		_, _, err = checkpoint.LatestIntact(root)
+		assert.ErrorIs(t, err, checkpoint.ErrNoCheckpoint)
+	}
+	root := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(root, "checkpoint-00000001"), 0o755))
+	_, err := checkpoint.Latest(root)
+	assert.ErrorContains(t, err, "no complete checkpoint")
+	assert.NotErrorIs(t, err, checkpoint.ErrNoCheckpoint)
+	_, _, err = checkpoint.LatestIntact(root)
+	assert.ErrorContains(t, err, "no intact checkpoint")
+	assert.NotErrorIs(t, err, checkpoint.ErrNoCheckpoint)
+}
+
+// TestIncompleteCheckpointsAreMovedAside: once a newer complete checkpoint is written, older directories
+// without a manifest are moved aside to .incomplete-checkpoint-N with their files, and neither List nor
+// the next sequence number counts them.
+func TestIncompleteCheckpointsAreMovedAside(t *testing.T) {
+	root := t.TempDir()
+	for i := range 3 {
+		_, err := checkpoint.Write(root, 0, writeText(fmt.Sprint("v", i)))
+		require.NoError(t, err)
+	}
+	for _, seq := range []int{1, 3} {
+		require.NoError(t, os.Remove(filepath.Join(root, fmt.Sprintf("checkpoint-%08d", seq), checkpoint.ManifestFile)))
+	}
+	// A name taken already gets a suffix.
+	require.NoError(t, os.Mkdir(filepath.Join(root, ".incomplete-checkpoint-00000001"), 0o755))
+	all, err := checkpoint.List(root)
+	require.NoError(t, err)
+	assert.Equal(t, []string{filepath.Join(root, "checkpoint-00000002")}, all, "List counts complete checkpoints only")
+
+	path, err := checkpoint.Write(root, 0, writeText("v3"))
+	require.NoError(t, err)
+	assert.Equal(t, "checkpoint-00000004", filepath.Base(path))
+	entries, err := os.ReadDir(root)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.ElementsMatch(t, []string{"checkpoint-00000002", "checkpoint-00000004", ".incomplete-checkpoint-00000001",
+		".incomplete-checkpoint-00000001.2", ".incomplete-checkpoint-00000003"}, names)
+	data, err := os.ReadFile(filepath.Join(root, ".incomplete-checkpoint-00000003", "sub", "data.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "v2", string(data), "the files stay, for inspection")
+	path, err = checkpoint.Write(root, 0, writeText("v4"))
+	require.NoError(t, err)
+	assert.Equal(t, "checkpoint-00000005", filepath.Base(path))
+}
+
+// TestIncompleteCheckpointsDoNotCountAgainstTheLimit: with a limit of 2, an incomplete directory does not
+// push a complete checkpoint out.
+func TestIncompleteCheckpointsDoNotCountAgainstTheLimit(t *testing.T) {
+	root := t.TempDir()
+	for i := range 2 {
+		_, err := checkpoint.Write(root, 2, writeText(fmt.Sprint("v", i)))
+		require.NoError(t, err)
+	}
+	require.NoError(t, os.Remove(filepath.Join(root, "checkpoint-00000002", checkpoint.ManifestFile)))
+	_, err := checkpoint.Write(root, 2, writeText("v2"))
+	require.NoError(t, err)
+	all, err := checkpoint.List(root)
+	require.NoError(t, err)
+	require.Len(t, all, 2)
+	assert.Equal(t, "checkpoint-00000001", filepath.Base(all[0]), "the older complete checkpoint is kept")
+	assert.Equal(t, "checkpoint-00000003", filepath.Base(all[1]))
 }
 
 func Example() {
@@ -184,4 +254,21 @@ func TestLatestIntactFallsBack(t *testing.T) {
 		_, _, err = checkpoint.LatestIntact(all[1])
 		require.ErrorContains(t, err, "checksum mismatch")
 	})
+}
+
+// ErrNoCheckpoint tells a directory with no checkpoint yet — where a job that resumes when it can starts
+// afresh — from one whose checkpoints are unusable.
+func ExampleErrNoCheckpoint() {
+	root, _ := os.MkdirTemp("", "ckpt")
+	defer os.RemoveAll(root)
+	_, err := checkpoint.Latest(root)
+	fmt.Println(errors.Is(err, checkpoint.ErrNoCheckpoint))
+	_, _ = checkpoint.Write(root, 0, func(dir string) error {
+		return checkpoint.WriteFile(filepath.Join(dir, "weights.txt"), []byte("w"))
+	})
+	_, err = checkpoint.Latest(root)
+	fmt.Println(err)
+	// Output:
+	// true
+	// <nil>
 }

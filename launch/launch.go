@@ -88,6 +88,9 @@ type config struct {
 	stdout     io.Writer
 	stderr     io.Writer
 	tagOutput  bool
+	// maxRestarts and restartNotice: see WithMaxRestarts.
+	maxRestarts   int
+	restartNotice func(Restart)
 }
 
 // WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
@@ -197,6 +200,10 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		}
 		if c.tagOutput && !c.hasFlag("tag-output") {
 			argv = append(argv, "--tag-output")
+		}
+		if c.maxRestarts > 0 {
+			// Local processes inherit mpirun's environment; those on other hosts get what -x names.
+			argv = append(argv, "-x", RestartCountEnvVar)
 		}
 	}
 	argv = append(argv, c.extra...)
@@ -314,7 +321,10 @@ func flavorOf(versionText string) Flavor {
 // the job runs on other hosts (a hostfile, --host), a program that does not exist or
 // is not executable here is a *ProgramError.
 func Command(ctx context.Context, procs int, program string, args []string, opts ...Option) (*exec.Cmd, error) {
-	c := newConfig(opts)
+	return newConfig(opts).command(ctx, procs, program, args)
+}
+
+func (c *config) command(ctx context.Context, procs int, program string, args []string) (*exec.Cmd, error) {
 	argv, err := c.argv(procs, program, args)
 	if err != nil {
 		return nil, err
@@ -342,22 +352,53 @@ func Command(ctx context.Context, procs int, program string, args []string, opts
 // MPICH) the code of the first process that failed, or 128+N when mpirun was ended by signal N. SIGINT,
 // SIGTERM and SIGHUP received meanwhile are passed on to mpirun, which ends the job, and Run then returns
 // 128+N with an *InterruptedError; on Linux the job also ends when the launcher is killed by SIGKILL, which
-// it cannot pass on. Otherwise the error is non-nil only when the job could not be started; a
-// *ProgramError carries the code a shell would return for the program (127 not found, 126 not
+// it cannot pass on. With WithMaxRestarts, a job whose process failed is started again (see there), and
+// the exit code is the last attempt's. Otherwise the error is non-nil only when the job could not be
+// started; a *ProgramError carries the code a shell would return for the program (127 not found, 126 not
 // executable).
 func Run(ctx context.Context, procs int, program string, args []string, opts ...Option) (exitCode int, err error) {
-	opts = append([]Option{WithStdio(os.Stdin, os.Stdout, os.Stderr)}, opts...)
-	cmd, err := Command(ctx, procs, program, args, opts...)
-	if err != nil {
-		return 0, err
-	}
-	// A launcher killed by SIGKILL must not leave its job running (Linux: see guardScript).
-	cmd = guarded(ctx, cmd)
+	c := newConfig(append([]Option{WithStdio(os.Stdin, os.Stdout, os.Stderr)}, opts...))
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(signals)
+	environ := c.environ
+	for restarts := 0; ; restarts++ {
+		if c.maxRestarts > 0 {
+			c.environ = append(slices.Clone(environ), fmt.Sprintf("%s=%d", RestartCountEnvVar, restarts))
+		}
+		code, failure, err := c.runOnce(ctx, procs, program, args, signals)
+		if err != nil || code == 0 || failure == nil || restarts >= c.maxRestarts || ctx.Err() != nil {
+			return code, err
+		}
+		notice := Restart{Failure: *failure, Count: restarts + 1, Max: c.maxRestarts}
+		if c.restartNotice != nil {
+			c.restartNotice(notice)
+		} else if c.stderr != nil {
+			fmt.Fprintf(c.stderr, "launch: %s\n", notice)
+		}
+		// A signal that came between the attempts stops the job as one that came during one does.
+		select {
+		case sig := <-signals:
+			return 128 + int(sig.(syscall.Signal)), &InterruptedError{Signal: sig.(syscall.Signal)}
+		default:
+		}
+	}
+}
+
+// runOnce runs the job once and returns mpirun's exit code and, when mpirun reported one, the process
+// that failed.
+func (c *config) runOnce(ctx context.Context, procs int, program string, args []string, signals <-chan os.Signal) (int, *Failure, error) {
+	var watch failureWatch
+	attempt := *c
+	attempt.stdout, attempt.stderr = watch.tee(c.stdout), watch.tee(c.stderr)
+	cmd, err := attempt.command(ctx, procs, program, args)
+	if err != nil {
+		return 0, nil, err
+	}
+	// A launcher killed by SIGKILL must not leave its job running (Linux: see guardScript).
+	cmd = guarded(ctx, cmd)
 	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("launch: starting %s: %w", cmd.Path, err)
+		return 0, nil, fmt.Errorf("launch: starting %s: %w", cmd.Path, err)
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
@@ -373,9 +414,13 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 			if sig, ok := interrupted.(syscall.Signal); ok {
 				// Whatever mpirun made of it, the job ended because it was asked to: say so, with the code a
 				// shell gives a command ended by that signal.
-				return 128 + int(sig), &InterruptedError{Signal: sig}
+				return 128 + int(sig), nil, &InterruptedError{Signal: sig}
 			}
-			return ExitCode(err), nil
+			code := ExitCode(err)
+			if f, ok := watch.failure(code); ok && code != 0 {
+				return code, &f, nil
+			}
+			return code, nil, nil
 		}
 	}
 }

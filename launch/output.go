@@ -53,10 +53,10 @@ func NewOutput(dir string, stdout, stderr io.Writer) (*Output, error) {
 func (o *Output) Dir() string { return o.dir }
 
 // Stdout and Stderr are the writers for mpirun's two streams.
-func (o *Output) Stdout() io.Writer { return &lineWriter{o: o} }
+func (o *Output) Stdout() io.Writer { return &lineWriter{emit: o.line} }
 
 // Stderr: see Stdout.
-func (o *Output) Stderr() io.Writer { return &lineWriter{o: o} }
+func (o *Output) Stderr() io.Writer { return &lineWriter{emit: o.line} }
 
 // tagged matches Open MPI's --tag-output prefix: [jobid,rank]<stream>:
 var tagged = regexp.MustCompile(`^\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:(.*)$`)
@@ -216,10 +216,10 @@ func rankList(ranks []int) string {
 	return "ranks " + strings.Join(parts, ", ")
 }
 
-// lineWriter splits a stream into lines for Output.
+// lineWriter splits a stream into lines, each passed to emit without its line ending.
 type lineWriter struct {
-	o   *Output
-	buf bytes.Buffer
+	emit func(line string)
+	buf  bytes.Buffer
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
@@ -230,7 +230,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 			return len(p), nil
 		}
 		line := string(w.buf.Next(i + 1))
-		w.o.line(strings.TrimRight(line, "\r\n"))
+		w.emit(strings.TrimRight(line, "\r\n"))
 	}
 }
 

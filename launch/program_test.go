@@ -65,10 +65,15 @@ func TestCheckProgram(t *testing.T) {
 // for TestKilledLauncherEndsTheJob to SIGKILL.
 const launcherEnv = "GOACCEL_TEST_LAUNCHER_PIDFILE"
 
+// launcherRestartsEnv gives that launcher WithMaxRestarts of its value.
+const launcherRestartsEnv = "GOACCEL_TEST_LAUNCHER_RESTARTS"
+
 func TestMain(m *testing.M) {
 	if pidFile := os.Getenv(launcherEnv); pidFile != "" {
+		restarts, _ := strconv.Atoi(os.Getenv(launcherRestartsEnv))
 		code, err := launch.Run(context.Background(), 1, "sh",
-			[]string{"-c", `echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 120`, pidFile})
+			[]string{"-c", `echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 120`, pidFile},
+			launch.WithMaxRestarts(restarts))
 		var interrupted *launch.InterruptedError
 		if errors.As(err, &interrupted) {
 			_, _ = fmt.Fprintln(os.Stderr, err)
@@ -101,23 +106,27 @@ func TestKilledLauncherEndsTheJob(t *testing.T) {
 }
 
 // TestInterruptedLauncherStopsTheJob: SIGINT or SIGTERM to the launcher ends the job and the launcher
-// exits with a shell's code for that signal (130, 143), saying it was interrupted.
+// exits with a shell's code for that signal (130, 143), saying it was interrupted; a launcher that may
+// restart the job (WithMaxRestarts) does not restart one it was asked to stop.
 func TestInterruptedLauncherStopsTheJob(t *testing.T) {
 	mpitest.RequireMPIRun(t)
 	for _, tc := range []struct {
-		signal syscall.Signal
-		code   int
-		name   string
-	}{{syscall.SIGINT, 130, "SIGINT"}, {syscall.SIGTERM, 143, "SIGTERM"}} {
-		t.Run(tc.name, func(t *testing.T) {
+		signal   syscall.Signal
+		code     int
+		name     string
+		restarts int
+	}{{syscall.SIGINT, 130, "SIGINT", 0}, {syscall.SIGTERM, 143, "SIGTERM", 0},
+		{syscall.SIGINT, 130, "SIGINT", 3}, {syscall.SIGTERM, 143, "SIGTERM", 3}} {
+		t.Run(fmt.Sprintf("%s/max-restarts=%d", tc.name, tc.restarts), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			var stderr strings.Builder
-			launcher, rank := startLauncher(ctx, t, &stderr)
+			launcher, rank := startLauncher(ctx, t, &stderr, launcherRestartsEnv+"="+strconv.Itoa(tc.restarts))
 			require.NoError(t, launcher.Process.Signal(tc.signal))
 			err := launcher.Wait()
 			assert.Equal(t, tc.code, launch.ExitCode(err), "the launcher's exit code")
 			assert.Contains(t, stderr.String(), "launch: interrupted by "+tc.name+": the job was stopped")
+			assert.NotContains(t, stderr.String(), "restarting")
 			waitFor(ctx, t, "the rank to end", func() (int, bool) { return 0, ended(rank) })
 		})
 	}
@@ -125,11 +134,11 @@ func TestInterruptedLauncherStopsTheJob(t *testing.T) {
 
 // startLauncher starts this test binary as a launcher of one rank (see TestMain) and waits until the rank
 // runs: it returns the launcher and the rank's pid. The launcher's standard error goes to stderr, if given.
-func startLauncher(ctx context.Context, t *testing.T, stderr io.Writer) (*exec.Cmd, int) {
+func startLauncher(ctx context.Context, t *testing.T, stderr io.Writer, env ...string) (*exec.Cmd, int) {
 	t.Helper()
 	pidFile := filepath.Join(t.TempDir(), "rank.pid")
 	launcher := exec.Command(os.Args[0], "-test.run=^$")
-	launcher.Env = append(os.Environ(), launcherEnv+"="+pidFile)
+	launcher.Env = append(append(os.Environ(), launcherEnv+"="+pidFile), env...)
 	launcher.Stderr = stderr
 	require.NoError(t, launcher.Start())
 	rank := waitFor(ctx, t, "the rank to start", func() (int, bool) {

@@ -98,8 +98,9 @@ func ExampleSkipCheckpoint() {
 	// train checkpointed: true eval checkpointed: false
 }
 
-// A loader's State is its place in the data; Restore on a fresh loader resumes there: the next iteration
-// yields the rest of that epoch's batches, skipping the consumed ones without computing them.
+// A loader's State is its place in the data, the examples of the epoch's order consumed; Restore on a fresh
+// loader resumes there: the next iteration yields the rest of that epoch, skipping the consumed examples
+// without computing them.
 func ExampleDataLoader_Restore() {
 	backend, err := compute.New(compute.Config{Backend: "go"})
 	if err != nil {
@@ -137,9 +138,53 @@ func ExampleDataLoader_Restore() {
 		fmt.Print(" ", batch.Indices)
 	}
 	fmt.Println()
-	fmt.Println(resumed.Restore(prepare.LoaderState{Epoch: 0, Position: 9}) != nil)
+	fmt.Println(resumed.Restore(prepare.LoaderState{Epoch: 0, Consumed: 9}) != nil)
 	// Output:
-	// saved: {Epoch:0 Position:1}
+	// saved: {Epoch:0 Consumed:2}
 	// resumed: [2 3] [4 5]
 	// true
+}
+
+// A loader's place is global: what 2 processes consumed is the head of the epoch's order, so 3 processes
+// restored there take the rest, each rank r' the positions Consumed + r', Consumed + r' + 3, …, padded
+// from the start of the epoch (even batches) so that every rank has as many batches. A per-process batch
+// count, as older checkpoints recorded, reads as the same place through StateAfterBatches.
+func ExampleDataLoader_StateAfterBatches() {
+	backend, err := compute.New(compute.Config{Backend: "go"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	values := make([]float32, 12)
+	for i := range values {
+		values[i] = float32(i)
+	}
+	source, _ := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(values, 12)}, nil)
+	loaders := func(ranks int) []*prepare.DataLoader {
+		comms, _ := backends.NewInProcessGroup(ranks)
+		var out []*prepare.DataLoader
+		for _, comm := range comms {
+			state, _ := accumulate.NewGradientState(1, false)
+			rt := &prepare.Runtime{Backend: backend, Comm: comm, State: state}
+			l, _ := prepare.NewDataLoader(rt, source, prepare.BatchSize(2))
+			out = append(out, l)
+		}
+		return out
+	}
+	two := loaders(2)
+	saved, _ := two[0].StateAfterBatches(0, 2) // 2 batches of 2 on each of 2 ranks
+	fmt.Printf("saved by 2 ranks: %+v\n", saved)
+	for rank, l := range loaders(3) {
+		_ = l.Restore(saved)
+		fmt.Print("rank ", rank, ":")
+		for batch := range l.All() {
+			fmt.Print(" ", batch.Indices)
+		}
+		fmt.Println()
+	}
+	// Output:
+	// saved by 2 ranks: {Epoch:0 Consumed:8}
+	// rank 0: [8 11]
+	// rank 1: [9 0]
+	// rank 2: [10 1]
 }

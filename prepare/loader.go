@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/train"
@@ -15,7 +16,10 @@ type Batch struct {
 	Inputs, Labels []*tensors.Tensor
 	// Indices are the source indices of this rank's examples (for streaming sources, nil).
 	Indices []int
-	// Epoch and Step locate the batch: Step counts this rank's batches within the epoch from 0.
+	// Epoch and Step locate the batch: Step counts this rank's batches within the epoch from 0. In an epoch
+	// resumed from a checkpoint it is the batch's place in this run's batches: the examples of the epoch's
+	// order before it over N·b, rounded down (exact when the checkpoint fell on a batch of this run, as it
+	// does with the saved global batch).
 	Epoch, Step int
 	// Valid is the number of leading examples of this batch that are real; the rest repeat examples from
 	// the start of the epoch so that every rank yields as many batches as the others (even batches).
@@ -95,13 +99,17 @@ type DataLoader struct {
 	cfg    loaderConfig
 
 	epoch         int
-	epochExplicit bool  // SetEpoch was called since the last iteration began
+	epochExplicit bool  // SetEpoch (or Restore) was called since the last iteration began
 	epochErr      error // a SetEpoch the next iteration refuses (a negative epoch)
 	iterated      bool
-	// position is the number of batches of the current epoch already yielded; skip is the number to skip
-	// at the start of the next iteration (set when resuming from a checkpoint).
-	position, skip int
-	iterating      bool
+	// start is where the next iteration of the epoch begins in the epoch's global order: the number of
+	// examples (for a stream, batches) the job consumed before a checkpoint. Restore sets it; 0 otherwise.
+	start int
+	// iterEpoch and iterStart are the epoch and start of the current (or last) iteration, yielded the
+	// number of batches it yielded, and finished whether it yielded the epoch's last batch.
+	iterEpoch, iterStart, yielded int
+	finished                      bool
+	iterating                     bool
 }
 
 // NewDataLoader shards an indexable source across the runtime's ranks.
@@ -177,14 +185,9 @@ func (l *DataLoader) SetEpoch(epoch int) {
 		return
 	}
 	if epoch != l.epoch {
-		l.skip = 0
+		l.start = 0
 	}
 	l.epoch, l.epochExplicit = epoch, true
-	if !l.iterating {
-		// Position describes the epoch the next iteration yields, so that a checkpoint written between
-		// SetEpoch and the loop resumes there, not at the previous epoch's end.
-		l.position = l.skip
-	}
 }
 
 // Epoch is the epoch of the current (or next) iteration.
@@ -193,20 +196,47 @@ func (l *DataLoader) Epoch() int { return l.epoch }
 // BatchSize is the per-rank batch size (with SplitBatches, the global one divided by the world size).
 func (l *DataLoader) BatchSize() int { return l.cfg.batchSize }
 
-// Position is the number of batches of the current epoch already yielded.
-func (l *DataLoader) Position() int { return l.position }
+// pending reports whether the loader's place is the next iteration's (a SetEpoch or Restore since the last
+// iteration began, or no iteration yet) rather than the current or last iteration's.
+func (l *DataLoader) pending() bool { return !l.iterated || (l.epochExplicit && !l.iterating) }
 
-// restore makes the next iteration yield epoch's batches from batch position on: a resumed job skips the
-// batches it consumed before its checkpoint without computing them.
-func (l *DataLoader) restore(epoch, position int) error {
-	if position < 0 {
-		return fmt.Errorf("prepare: cannot resume at batch %d: positions count batches from 0", position)
+// Position is the number of batches of the current epoch already yielded, counted in this run's batches
+// (see Batch.Step): between a SetEpoch or Restore and the loop, the batches the next iteration skips.
+func (l *DataLoader) Position() int {
+	if l.pending() {
+		return l.firstStep(l.start)
 	}
-	if l.source != nil && position > l.Len() {
-		return fmt.Errorf("prepare: cannot resume at batch %d of an epoch of %d batches", position, l.Len())
+	return l.firstStep(l.iterStart) + l.yielded
+}
+
+// firstStep is the Step of the batch that starts at position start of the epoch's global order: the whole
+// batches of this run (N ranks × batch size, or N stream batches) before it.
+func (l *DataLoader) firstStep(start int) int {
+	if l.stream != nil {
+		return start / l.rt.Comm.Size()
 	}
-	l.epoch, l.epochExplicit, l.skip, l.position = epoch, true, position, position
-	return nil
+	return start / (l.rt.Comm.Size() * l.cfg.batchSize)
+}
+
+// consumed is the number of examples (for a stream, batches) of the epoch's global order that the job's
+// ranks consumed together in the current or last iteration, its start included: with strided sharding the
+// first m batches of N ranks are exactly the first N·m·b positions of the order, whatever N.
+func (l *DataLoader) consumed() int {
+	if l.stream != nil {
+		return l.iterStart + l.yielded*l.rt.Comm.Size()
+	}
+	return min(l.iterStart+l.yielded*l.rt.Comm.Size()*l.cfg.batchSize, l.source.Len())
+}
+
+// restore makes the next iteration yield epoch's order from position start on: a resumed job skips the
+// examples it consumed before its checkpoint without computing them. An epoch whose rest fills no batch on
+// this run's ranks (all consumed, or less than drop-last keeps) resumes at the next epoch's start instead,
+// so that a resumed loop never runs an empty epoch.
+func (l *DataLoader) restore(epoch, start int) {
+	if l.source != nil && l.segmentBatchesAll(start) == 0 {
+		epoch, start = epoch+1, 0
+	}
+	l.epoch, l.epochExplicit, l.start = epoch, true, start
 }
 
 // SourceLen is the number of examples in the whole source, before sharding (for a stream, unknown: -1).
@@ -224,46 +254,57 @@ func (l *DataLoader) Len() int {
 	if l.stream != nil {
 		return -1
 	}
-	shardLen := l.shardLen()
+	return l.segmentBatches(0, l.rt.Comm.Rank())
+}
+
+// segmentBatches is the number of batches rank yields in an iteration that starts at position start of
+// the epoch's order.
+func (l *DataLoader) segmentBatches(start, rank int) int {
+	shardLen := l.shardLenOf(l.source.Len()-start, rank)
 	if l.cfg.dropLast {
 		return shardLen / l.cfg.batchSize
 	}
 	return (shardLen + l.cfg.batchSize - 1) / l.cfg.batchSize
 }
 
-// remainder is the number of real examples in the epoch's last round of batches across all ranks, when
-// it is not complete (n mod N·b, as Accelerate's GradientState.remainder); 0 when every round is full or
-// drop-last cuts the tail; -1 for a stream, whose length is unknown.
-func (l *DataLoader) remainder() int {
+// segmentBatchesAll is the number of batches the rank with the most yields from start on: zero only when
+// no rank has a batch left.
+func (l *DataLoader) segmentBatchesAll(start int) int {
+	return l.segmentBatches(start, 0) // rank 0's shard is never shorter than another's
+}
+
+// remainder is the number of real examples in the iteration's last round of batches across all ranks, when
+// it is not complete ((n − start) mod N·b, as Accelerate's GradientState.remainder); 0 when every round is
+// full or drop-last cuts the tail; -1 for a stream, whose length is unknown.
+func (l *DataLoader) remainder(start int) int {
 	if l.stream != nil {
 		return -1
 	}
 	if l.cfg.dropLast {
 		return 0
 	}
-	return l.source.Len() % (l.cfg.batchSize * l.rt.Comm.Size())
+	return (l.source.Len() - start) % (l.cfg.batchSize * l.rt.Comm.Size())
 }
 
-// shardLen is the number of examples (padding included) this rank gets per epoch.
-func (l *DataLoader) shardLen() int { return l.shardLenOf(l.rt.Comm.Rank()) }
-
-// shardLenOf is the number of examples (padding included) rank gets per epoch: the same for every rank
-// unless even batches are off.
-func (l *DataLoader) shardLenOf(rank int) int {
-	n, size := l.source.Len(), l.rt.Comm.Size()
+// shardLenOf is the number of examples (padding included) rank gets out of rest real examples: the same
+// for every rank unless even batches are off.
+func (l *DataLoader) shardLenOf(rest, rank int) int {
+	size := l.rt.Comm.Size()
 	if l.cfg.dropLast {
-		return n / size
+		return rest / size
 	}
 	if l.cfg.evenBatches {
-		return (n + size - 1) / size
+		return (rest + size - 1) / size
 	}
-	return n/size + boolToInt(rank < n%size)
+	return rest/size + boolToInt(rank < rest%size)
 }
 
-// order is the epoch's global order of example indices: a permutation computed identically on every rank
-// from seed and epoch, wrapped around at the end to a multiple of the world size for even batches, or cut
-// to one for drop-last.
-func (l *DataLoader) order(epoch int) []int {
+// order is an iteration's global order of example indices: the epoch's permutation, computed identically
+// on every rank from seed and epoch, from position start on; then, for even batches, wrapped around to the
+// start of the epoch up to a multiple of the world size, or, for drop-last, cut to one. Rank r's j-th
+// example is order[j·N + r]. A resumed epoch thus ends the way a fresh epoch of its rest would on this
+// run's ranks, whatever the number of ranks that consumed its start.
+func (l *DataLoader) order(epoch, start int) []int {
 	n, size := l.source.Len(), l.rt.Comm.Size()
 	var perm []int
 	if l.cfg.shuffle {
@@ -274,15 +315,17 @@ func (l *DataLoader) order(epoch int) []int {
 			perm[i] = i
 		}
 	}
-	switch {
+	rest := perm[start:]
+	switch r := len(rest); {
 	case l.cfg.dropLast:
-		perm = perm[:n-n%size]
-	case l.cfg.evenBatches && n%size != 0:
-		for i := 0; len(perm)%size != 0; i++ {
-			perm = append(perm, perm[i%n])
+		rest = rest[:r-r%size]
+	case l.cfg.evenBatches && r%size != 0:
+		rest = slices.Clone(rest)
+		for i := 0; len(rest)%size != 0; i++ {
+			rest = append(rest, perm[i%n])
 		}
 	}
-	return perm
+	return rest
 }
 
 // All yields this rank's batches of one epoch. While the last batch is being processed the gradient
@@ -301,7 +344,7 @@ func (l *DataLoader) All() iter.Seq2[Batch, error] {
 		l.iterating = true
 		// The loader is the innermost active one until its loop ends: a loop over another loader inside
 		// this one's (an evaluation during training) keeps its own end-of-dataloader flag.
-		exit := l.rt.State.EnterLoader(l, l.remainder())
+		exit := l.rt.State.EnterLoader(l, l.remainder(l.iterStart))
 		defer func() {
 			l.iterating = false
 			l.rt.State.SetEndOfDataloader(false)
@@ -318,19 +361,26 @@ func (l *DataLoader) All() iter.Seq2[Batch, error] {
 func (l *DataLoader) beginEpoch() {
 	if l.iterated && !l.epochExplicit {
 		l.epoch++
-		l.skip = 0
+		l.start = 0
 	}
 	l.iterated, l.epochExplicit = true, false
-	l.position = l.skip
+	// The start is used once: the epoch's next iteration, unless restored again, is a whole one.
+	l.iterEpoch, l.iterStart, l.yielded, l.finished = l.epoch, l.start, 0, false
+	l.start = 0
+}
+
+// yielded1 records that the iteration is about to yield a batch, the epoch's last one when last.
+func (l *DataLoader) yielded1(last bool) {
+	l.yielded++
+	l.finished = last
+	l.rt.State.SetEndOfDataloader(last)
 }
 
 func (l *DataLoader) iterateSource(yield func(Batch, error) bool) {
 	// The epoch is read once: a SetEpoch inside the loop is for the next iteration.
-	epoch := l.epoch
-	order := l.order(epoch)
-	numBatches := l.Len()
-	start := l.skip
-	l.skip = 0
+	epoch, start := l.iterEpoch, l.iterStart
+	order := l.order(epoch, start)
+	numBatches := l.segmentBatches(start, l.rt.Comm.Rank())
 	// next, when not nil, delivers batch step+1, gathered while step trains. It only reads the source and
 	// the loader's configuration, which do not change during an iteration; a consumer that stops early
 	// leaves it to finish into its buffered channel and be collected.
@@ -339,48 +389,48 @@ func (l *DataLoader) iterateSource(yield func(Batch, error) bool) {
 		err   error
 	}
 	var next chan gathered
-	for step := start; step < numBatches; step++ {
+	for step := 0; step < numBatches; step++ {
 		var batch Batch
 		var err error
 		if next != nil {
 			g := <-next
 			batch, err = g.batch, g.err
 		} else {
-			batch, err = l.sourceBatch(order, epoch, step)
+			batch, err = l.sourceBatch(order, epoch, start, step)
 		}
 		next = nil
 		if l.cfg.prefetch && err == nil && step+1 < numBatches {
 			ch := make(chan gathered, 1)
 			go func(step int) {
-				b, err := l.sourceBatch(order, epoch, step)
+				b, err := l.sourceBatch(order, epoch, start, step)
 				ch <- gathered{b, err}
 			}(step + 1)
 			next = ch
 		}
-		l.rt.State.SetEndOfDataloader(step == numBatches-1)
-		l.position = step + 1
+		l.yielded1(step == numBatches-1)
 		if !yield(batch, err) || err != nil {
 			return
 		}
 	}
 }
 
-// sourceBatch gathers this rank's batch step of the epoch whose global order is order. Rank r's j-th
-// example of the epoch is order[j·N + r]; positions from n on are the even-batches padding.
-func (l *DataLoader) sourceBatch(order []int, epoch, step int) (Batch, error) {
-	n, size, rank := l.source.Len(), l.rt.Comm.Size(), l.rt.Comm.Rank()
+// sourceBatch gathers this rank's batch step of an iteration whose global order (from position start of
+// the epoch on) is order. Rank r's j-th example of the iteration is order[j·N + r]; positions from the
+// rest's length on are the even-batches padding.
+func (l *DataLoader) sourceBatch(order []int, epoch, start, step int) (Batch, error) {
+	rest, size, rank := l.source.Len()-start, l.rt.Comm.Size(), l.rt.Comm.Rank()
 	lo := step * l.cfg.batchSize
-	batch := Batch{Epoch: epoch, Step: step, ValidPerRank: make([]int, size)}
+	batch := Batch{Epoch: epoch, Step: l.firstStep(start) + step, ValidPerRank: make([]int, size)}
 	for r := range size {
 		// Each rank's own shard length: without even batches the ranks' last batches differ.
-		for j := lo; j < min(lo+l.cfg.batchSize, l.shardLenOf(r)); j++ {
-			if j*size+r < n {
+		for j := lo; j < min(lo+l.cfg.batchSize, l.shardLenOf(rest, r)); j++ {
+			if j*size+r < rest {
 				batch.ValidPerRank[r]++
 			}
 		}
 	}
 	batch.Valid = batch.ValidPerRank[rank]
-	for j := lo; j < min(lo+l.cfg.batchSize, l.shardLen()); j++ {
+	for j := lo; j < min(lo+l.cfg.batchSize, l.shardLenOf(rest, rank)); j++ {
 		batch.Indices = append(batch.Indices, order[j*size+rank])
 	}
 	var err error
@@ -390,7 +440,7 @@ func (l *DataLoader) sourceBatch(order []int, epoch, step int) (Batch, error) {
 		batch.Inputs, batch.Labels, err = l.source.Batch(batch.Indices)
 	}
 	if err != nil {
-		err = fmt.Errorf("prepare: loading batch %d of epoch %d: %w", step, epoch, err)
+		err = fmt.Errorf("prepare: loading batch %d of epoch %d: %w", batch.Step, epoch, err)
 	}
 	return batch, err
 }
@@ -403,8 +453,8 @@ func boolToInt(b bool) int {
 }
 
 // PeekBatch returns this rank's first batch of the next iteration without consuming it: handy to build a
-// model (Model.Materialize) before the loop. After a Restore at the very end of an epoch, where the next
-// iteration yields nothing, it returns that epoch's first batch so that the model can still be built.
+// model (Model.Materialize) before the loop. When this rank's share of the next iteration is empty, it
+// returns the epoch's first batch so that the model can still be built.
 func (l *DataLoader) PeekBatch() (Batch, error) {
 	if l.stream != nil {
 		return Batch{}, errors.New("prepare: PeekBatch needs an indexable source")
@@ -412,13 +462,13 @@ func (l *DataLoader) PeekBatch() (Batch, error) {
 	if l.Len() == 0 {
 		return Batch{}, fmt.Errorf("prepare: rank %d has no batch to peek at: its shard is empty", l.rt.Comm.Rank())
 	}
-	// The same choice of epoch and first batch as beginEpoch makes.
-	epoch, step := l.epoch, l.skip
+	// The same choice of epoch and start as beginEpoch makes.
+	epoch, start := l.epoch, l.start
 	if l.iterated && !l.epochExplicit {
-		epoch, step = epoch+1, 0
+		epoch, start = epoch+1, 0
 	}
-	if step >= l.Len() {
-		step = 0
+	if l.segmentBatches(start, l.rt.Comm.Rank()) == 0 {
+		start = 0
 	}
-	return l.sourceBatch(l.order(epoch), epoch, step)
+	return l.sourceBatch(l.order(epoch, start), epoch, start, 0)
 }

@@ -528,7 +528,19 @@ func TestLoaderRestore(t *testing.T) {
 			rts := loaderRuntimes(t, size, 1)
 			loaders := newLoaders(t, rts, rangeSource(t, n), opts...)
 			for r, l := range loaders {
-				require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 2, Position: position}))
+				// position batches of 2 ranks × 2 examples: the first 4·position examples of the order.
+				state, err := l.StateAfterBatches(2, position)
+				require.NoError(t, err)
+				require.NoError(t, l.Restore(state))
+				if position == 4 {
+					// The whole epoch was consumed: the next iteration is epoch 3, not an empty epoch 2.
+					assert.Equal(t, prepare.LoaderState{Epoch: 3}, state)
+					assert.Equal(t, 3, l.Epoch())
+					assert.Zero(t, l.Position())
+					assert.Equal(t, indicesOf(ref3[r]), indicesOf(epochBatches(t, l)), "rank %d", r)
+					continue
+				}
+				assert.Equal(t, prepare.LoaderState{Epoch: 2, Consumed: size * b * position}, state)
 				assert.Equal(t, position, l.Position())
 				assert.Equal(t, 2, l.Epoch())
 				l.SetEpoch(2) // the usual loop calls SetEpoch with the restored epoch: it keeps the position
@@ -557,7 +569,7 @@ func TestLoaderRestore(t *testing.T) {
 	t.Run("SetEpoch to another epoch forgets the position", func(t *testing.T) {
 		loaders := newLoaders(t, loaderRuntimes(t, size, 1), rangeSource(t, n), opts...)
 		for r, l := range loaders {
-			require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 2, Position: 3}))
+			require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 2, Consumed: 12}))
 			l.SetEpoch(3)
 			assert.Equal(t, indicesOf(ref3[r]), indicesOf(epochBatches(t, l)))
 		}
@@ -565,11 +577,17 @@ func TestLoaderRestore(t *testing.T) {
 
 	t.Run("out of range", func(t *testing.T) {
 		l := newLoaders(t, loaderRuntimes(t, 1, 1), rangeSource(t, n), opts...)[0]
-		for _, position := range []int{-1, l.Len() + 1, 100} {
-			err := l.Restore(prepare.LoaderState{Epoch: 1, Position: position})
-			require.Error(t, err, "position %d", position)
-			assert.Contains(t, err.Error(), fmt.Sprint(position))
+		for _, consumed := range []int{-1, n + 1, 100} {
+			err := l.Restore(prepare.LoaderState{Epoch: 1, Consumed: consumed})
+			require.Error(t, err, "consumed %d", consumed)
+			assert.Contains(t, err.Error(), fmt.Sprint(consumed))
 		}
+		for _, batches := range []int{-1, l.Len() + 1} {
+			_, err := l.StateAfterBatches(1, batches)
+			require.Error(t, err, "batches %d", batches)
+			assert.Contains(t, err.Error(), fmt.Sprint(batches))
+		}
+		require.Error(t, l.Restore(prepare.LoaderState{Epoch: -1}))
 		assert.Zero(t, l.Epoch(), "a rejected Restore changes nothing")
 		assert.Len(t, epochBatches(t, l), l.Len(), "a rejected Restore changes nothing")
 	})
@@ -605,16 +623,18 @@ func TestLoaderPeekBatch(t *testing.T) {
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after an iteration (next epoch)", r))
 		l.SetEpoch(7)
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after SetEpoch", r))
-		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Position: 1}))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Consumed: size * b}))
 		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after Restore", r))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Consumed: 5}))
+		requirePeekIsNext(t, l, fmt.Sprintf("rank %d, after Restore inside a batch of this run", r))
 	}
 
 	t.Run("restored at the end of an epoch", func(t *testing.T) {
 		l := loaders[0]
-		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Position: l.Len()}))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Consumed: n}))
 		peeked, err := l.PeekBatch()
 		require.NoError(t, err, "a model can still be built from a loader restored at the end of an epoch")
-		assert.Equal(t, 4, peeked.Epoch)
+		assert.Equal(t, 5, peeked.Epoch, "an epoch consumed whole resumes at the next one")
 		assert.Equal(t, 0, peeked.Step)
 		assert.NotEmpty(t, peeked.Indices)
 	})
@@ -724,7 +744,7 @@ func TestLoaderPositionFollowsSetEpoch(t *testing.T) {
 	assert.Equal(t, 1, l.Epoch())
 	assert.Zero(t, l.Position(), "epoch 1 has not started")
 
-	require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Position: 2}))
+	require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 4, Consumed: 4}))
 	l.SetEpoch(4)
 	assert.Equal(t, 2, l.Position(), "SetEpoch with the restored epoch keeps the restored position")
 	l.SetEpoch(5)

@@ -19,7 +19,7 @@ type streamBatch struct {
 // such ranks simply yield one batch fewer.
 func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 	size, rank := l.rt.Comm.Size(), l.rt.Comm.Rank()
-	epoch := l.epoch // a SetEpoch inside the loop is for the next iteration
+	epoch := l.iterEpoch // a SetEpoch inside the loop is for the next iteration
 	l.stream.Reset()
 	// eof: the dataset said io.EOF. It is not asked again: train.Dataset only promises Reset after io.EOF.
 	eof, read := false, 0
@@ -42,27 +42,34 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 		}
 		return round, nil
 	}
-	skip := l.skip
-	l.skip = 0
+	// A resumed epoch starts after the batches the job consumed before its checkpoint (start counts
+	// stream batches over every rank): they are read and dropped without being computed.
+	start := l.iterStart
+	for read < start && !eof {
+		if _, _, _, err := l.stream.Yield(); errors.Is(err, io.EOF) {
+			eof = true
+		} else if err != nil {
+			yield(Batch{}, fmt.Errorf("prepare: reading dataset %q: %w", l.stream.Name(), err))
+			return
+		} else {
+			read++
+		}
+	}
 	current, err := readRound()
 	if err != nil {
 		yield(Batch{}, err)
 		return
 	}
-	if len(current) == 0 && skip == 0 && (read == 0 || l.cfg.dropLast) {
+	if len(current) == 0 && start == 0 && (read == 0 || l.cfg.dropLast) {
 		yield(Batch{}, fmt.Errorf("prepare: dataset %q yielded %d batch(es), too few for one round of %d rank(s)",
 			l.stream.Name(), read, size))
 		return
 	}
-	for step := 0; len(current) > 0; step++ {
+	for step := l.firstStep(start); len(current) > 0; step++ {
 		next, err := readRound()
 		if err != nil {
 			yield(Batch{}, err)
 			return
-		}
-		if step < skip {
-			current = next
-			continue
 		}
 		batch := Batch{Epoch: epoch, Step: step, ValidPerRank: make([]int, size)}
 		for r := range size {
@@ -72,8 +79,7 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 		}
 		mine := current[rank%len(current)]
 		batch.Inputs, batch.Labels, batch.Valid = mine.inputs, mine.labels, batch.ValidPerRank[rank]
-		l.rt.State.SetEndOfDataloader(len(next) == 0)
-		l.position = step + 1
+		l.yielded1(len(next) == 0)
 		if !yield(batch, nil) {
 			return
 		}

@@ -266,7 +266,11 @@ func TestStreamLoaderRestore(t *testing.T) {
 		ds := newListDataset(7, 2, 1) // rounds {0,1} {2,3} {4,5} {6,pad}
 		l, err := prepare.NewStreamLoader(rt, ds)
 		require.NoError(t, err)
-		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 3, Position: 2}))
+		// Two rounds of two ranks: four stream batches consumed.
+		state, err := l.StateAfterBatches(3, 2)
+		require.NoError(t, err)
+		assert.Equal(t, prepare.LoaderState{Epoch: 3, Consumed: 4}, state)
+		require.NoError(t, l.Restore(state))
 		var ids, steps []int
 		for batch, err := range l.All() {
 			require.NoError(t, err)
@@ -278,7 +282,7 @@ func TestStreamLoaderRestore(t *testing.T) {
 		assert.Equal(t, [][]int{{4, 6}, {5, 6}}[r], ids, "rank %d", r)
 
 		// Past the end: nothing left, and no error.
-		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 3, Position: 10}))
+		require.NoError(t, l.Restore(prepare.LoaderState{Epoch: 3, Consumed: 20}))
 		assert.Empty(t, runStream(t, rt, l).ids)
 		// The next iteration is a whole epoch.
 		run := runStream(t, rt, l)
@@ -286,7 +290,7 @@ func TestStreamLoaderRestore(t *testing.T) {
 		assert.Equal(t, [][]int{{0, 2, 4, 6}, {1, 3, 5, 6}}[r], run.ids)
 		assert.Equal(t, 4, l.Epoch())
 
-		require.Error(t, l.Restore(prepare.LoaderState{Epoch: 0, Position: -1}))
+		require.Error(t, l.Restore(prepare.LoaderState{Epoch: 0, Consumed: -1}))
 	}
 }
 

@@ -33,9 +33,13 @@ func (a *app) launch(args []string) int {
 	dryRun := fs.Bool("dry-run", false, "print the mpirun command line instead of running it")
 	outputDir := fs.String("output-dir", "", "keep every rank's whole output in `DIR`/rank-N.log (default: a "+
 		"temporary directory, kept and named only when the job fails)")
+	maxRestarts := fs.Int("max-restarts", 0, "start the whole job again, up to `N` times, when one of its processes "+
+		"fails or is killed; the program resumes from its checkpoints and reads the count as "+
+		launch.RestartCountEnvVar)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: accel launch -n N [flags] [--] PROGRAM [ARGS...]\n\n"+
-			"Runs PROGRAM in N processes under mpirun and exits with the job's exit code.\n"+
+			"Runs PROGRAM in N processes under mpirun and exits with the job's exit code. With\n"+
+			"-max-restarts N, a job whose process fails is started again, up to N times.\n"+
 			"Arguments after PROGRAM are passed to it unchanged.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
@@ -54,12 +58,22 @@ func (a *app) launch(args []string) int {
 		fmt.Fprintf(a.stderr, "accel launch: -n must be at least 1, got %d\n", *procs)
 		return 2
 	}
+	if *maxRestarts < 0 {
+		fmt.Fprintf(a.stderr, "accel launch: -max-restarts must be 0 or more, got %d\n", *maxRestarts)
+		return 2
+	}
+	restarts := 0
 	program, programArgs := fs.Arg(0), fs.Args()[1:]
 	opts := append([]launch.Option{
 		launch.WithMPIRun(*mpirun),
 		launch.WithHostfile(*hostfile),
 		launch.WithMPIRunArgs(mpirunArgs...),
 		launch.WithStdio(a.stdin, a.stdout, a.stderr),
+		launch.WithMaxRestarts(*maxRestarts),
+		launch.WithRestartNotice(func(r launch.Restart) {
+			restarts = r.Count
+			fmt.Fprintf(a.stderr, "accel launch: %s\n", r)
+		}),
 	}, a.launchOptions...)
 
 	if *dryRun {
@@ -99,11 +113,14 @@ func (a *app) launch(args []string) int {
 		return code // 130 for SIGINT, 143 for SIGTERM, as a shell reports
 	}
 	if err == nil && code != 0 {
+		failed := fmt.Sprintf("the job failed (exit code %d)", code)
+		if restarts > 0 {
+			failed = fmt.Sprintf("the job failed (exit code %d) after %d restart(s)", code, restarts)
+		}
 		if summary := out.Summary(); summary != "" {
-			fmt.Fprintf(a.stderr, "accel launch: the job failed (exit code %d); what the ranks reported:\n%s", code, summary)
+			fmt.Fprintf(a.stderr, "accel launch: %s; what the ranks reported:\n%s", failed, summary)
 		} else {
-			fmt.Fprintf(a.stderr, "accel launch: the job failed (exit code %d); mpirun's output: %s\n", code,
-				filepath.Join(dir, "mpirun.log"))
+			fmt.Fprintf(a.stderr, "accel launch: %s; mpirun's output: %s\n", failed, filepath.Join(dir, "mpirun.log"))
 		}
 	}
 	if err != nil {

@@ -3,14 +3,17 @@
 //
 // Usage:
 //
-//	accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--mpirun PROGRAM] [--dry-run] [--] PROGRAM [ARGS...]
+//	accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--mpirun PROGRAM] [--max-restarts N] [--dry-run] [--] PROGRAM [ARGS...]
 //	accel env [--devices]
 //
 // `accel launch` runs PROGRAM in N processes under mpirun, adding the flags a Go program needs (see package
 // launch: --allow-run-as-root as root, --oversubscribe beyond the core count, --bind-to none, and the Open MPI
 // MCA settings this machine needs), and exits with the job's exit code. Everything after PROGRAM is passed
-// to it unchanged; --dry-run prints the mpirun command instead of running it. The program must be built
-// with `-tags mpi` to talk across processes.
+// to it unchanged; --dry-run prints the mpirun command instead of running it. With --max-restarts N (torchrun's
+// flag), a job one of whose processes fails or is killed is started again, whole, up to N times; the
+// launcher says which rank failed and the restart count, and the program, which reads the count as
+// GOACCEL_RESTART_COUNT (Accelerator.RestartCount), resumes from its newest checkpoint. The program must be
+// built with `-tags mpi` to talk across processes.
 //
 // `accel env` prints what goaccel sees: its version, Go, the platform, the topology from the launcher's
 // environment, the collective engines linked into this binary and the MPI library, the mpirun that launch
@@ -41,7 +44,7 @@ type app struct {
 const usage = `accel starts goaccel programs on several processes and describes their environment.
 
 Usage:
-  accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--dry-run] [--] PROGRAM [ARGS...]
+  accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--max-restarts N] [--dry-run] [--] PROGRAM [ARGS...]
   accel env [--devices]
 
 Run "accel launch -h" or "accel env -h" for the flags of each command.

@@ -69,6 +69,18 @@ func TestCommandLine(t *testing.T) {
 		{name: "launch without program", args: []string{"launch", "-n", "2"}, wantCode: 2, wantStderr: "missing PROGRAM"},
 		{name: "zero processes", args: []string{"launch", "-n", "0", "./train"}, wantCode: 2,
 			wantStderr: "-n must be at least 1, got 0"},
+		{
+			name:       "restarts, torchrun's spelling",
+			args:       []string{"launch", "-n", "2", "--max-restarts", "3", "--dry-run", "./train", "-resume"},
+			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_RESTART_COUNT ./train -resume\n",
+		},
+		{
+			name:       "restarts, one dash",
+			args:       []string{"launch", "-n", "2", "-max-restarts=1", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_RESTART_COUNT ./train\n",
+		},
+		{name: "negative restarts", args: []string{"launch", "--max-restarts", "-1", "./train"}, wantCode: 2,
+			wantStderr: "-max-restarts must be 0 or more, got -1"},
 		{name: "bad flag", args: []string{"launch", "--np", "2", "./train"}, wantCode: 2,
 			wantStderr: "flag provided but not defined: -np"},
 		{name: "launch help", args: []string{"launch", "-h"}, wantStderr: "Usage: accel launch"},
@@ -105,6 +117,28 @@ func TestLaunchRunsAndPropagatesExitCode(t *testing.T) {
 	assert.Equal(t, 7, code, "stderr: %s", stderr)
 	assert.Contains(t, stdout.String(), "rank 0 of 2")
 	assert.Contains(t, stdout.String(), "rank 1 of 2")
+}
+
+// TestLaunchRestartsAFailedJob: with --max-restarts, a job whose rank 1 is killed by SIGKILL on its first
+// run, while rank 0 works on, is started again and ends with exit 0, the launcher saying which rank failed
+// and the restart count; a rank that keeps failing ends the job with its code once the restarts are spent.
+func TestLaunchRestartsAFailedJob(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	a, stdout, stderr := newTestApp()
+	code := a.run([]string{"launch", "-n", "2", "--max-restarts", "2", "sh", "-c",
+		`echo "run $GOACCEL_RESTART_COUNT"; [ "$GOACCEL_RESTART_COUNT" = 0 ] || exit 0; [ "$OMPI_COMM_WORLD_RANK" = 1 ] && kill -9 $$; exec sleep 60`})
+	assert.Equal(t, 0, code, "stderr: %s", stderr)
+	// Open MPI names the rank in most runs, and in the others only says that a process failed.
+	assert.Regexp(t, `accel launch: (rank 1|a process) was killed by signal 9 \(killed\); restarting the job \(restart 1 of 2\)\n`, stderr.String())
+	assert.NotContains(t, stderr.String(), "restart 2 of 2")
+	assert.Equal(t, 2, strings.Count(stdout.String(), "run 1"), "the whole job ran again: %s", stdout)
+
+	a, _, stderr = newTestApp()
+	code = a.run([]string{"launch", "-n", "2", "--max-restarts", "1", "sh", "-c",
+		`[ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo "demo: rank 1: broken" >&2 && exit 3; exec sleep 60`})
+	assert.Equal(t, 3, code)
+	assert.Regexp(t, `accel launch: (rank 1|a process) exited with code 3; restarting the job \(restart 1 of 1\)\n`, stderr.String())
+	assert.Contains(t, stderr.String(), "accel launch: the job failed (exit code 3) after 1 restart(s); what the ranks reported:")
 }
 
 func TestEnvReport(t *testing.T) {

@@ -103,7 +103,7 @@ func run(args []string, out io.Writer) (err error) {
 		}
 		acc.Printf("epoch %d: accuracy %.3f, cross-entropy %.3f\n", epoch+1, results["accuracy"], results["cross_entropy"])
 		if *checkpoints != "" {
-			loader.SetEpoch(epoch + 1) // so that the checkpoint resumes at the next epoch's start
+			// Saved after the epoch's last batch, the checkpoint resumes at the next epoch's start.
 			if _, err := acc.SaveState(*checkpoints); err != nil {
 				return err
 			}

@@ -21,12 +21,12 @@ import (
 // accuracy (±0.01) as one process on the same data, epochs and global batch (2 × 32 = 64 examples per
 // micro-batch), with the same number of optimizer steps — and its gradients really crossed processes.
 func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
-	bin := buildLaunchable(t)
+	accelBin, demoBin := buildLaunchable(t)
 	common := []string{"-limit", "12000", "-epochs", "1", "-k", "2", "-quiet", "-seed", "5"}
 	code, stdout, stderr := runMain(t, append([]string{"-batch", "64"}, common...)...)
 	require.Equal(t, exitOK, code, "stderr: %s", stderr)
 	single := parseSummary(t, stdout)
-	double := launchTwo(t, bin, nil, append([]string{"-batch", "32"}, common...)...)
+	double := launchTwo(t, accelBin, demoBin, nil, append([]string{"-batch", "32"}, common...)...)
 
 	assert.Equal(t, 2, double.WorldSize)
 	assert.Equal(t, single.GlobalBatch, double.GlobalBatch)
@@ -38,9 +38,9 @@ func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
 }
 
 // buildLaunchable builds `accel` and the demo (with the mpi engine) for jobs started through `accel launch`
-// on the real dataset, and returns their directory. Without the dataset or mpirun the test is skipped, or
-// fails when CI=true.
-func buildLaunchable(t *testing.T) string {
+// on the real dataset, and returns their paths. Without the dataset or mpirun the test is skipped, or fails
+// when CI=true.
+func buildLaunchable(t *testing.T) (accelBin, demoBin string) {
 	t.Helper()
 	if _, err := os.Stat(fashionmnist.DefaultDir); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -49,27 +49,16 @@ func buildLaunchable(t *testing.T) string {
 		t.Skipf("Fashion-MNIST not installed (apt-get install %s): %v", fashionmnist.DebianPackage, err)
 	}
 	mpitest.RequireMPIRun(t)
-	bin := t.TempDir()
-	build := func(out, pkg string, tags ...string) {
-		args := append([]string{"build", "-o", filepath.Join(bin, out)}, tags...)
-		cmd := exec.Command("go", append(args, pkg)...)
-		cmd.Dir = "../.."
-		output, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", output)
-	}
-	build("accel", "./cmd/accel")
-	build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
-	return bin
+	return buildLauncherAndDemo(t)
 }
 
 // launchTwo runs the demo built by buildLaunchable under `accel launch -n 2` with args, the environment
 // plus env, and returns its summary.
-func launchTwo(t *testing.T, bin string, env []string, args ...string) summary {
+func launchTwo(t *testing.T, accelBin, demoBin string, env []string, args ...string) summary {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "accel"), append([]string{"launch", "-n", "2", "--",
-		filepath.Join(bin, "grad_accum")}, args...)...)
+	cmd := exec.CommandContext(ctx, accelBin, append([]string{"launch", "-n", "2", "--", demoBin}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -85,13 +74,13 @@ func launchTwo(t *testing.T, bin string, env []string, args ...string) summary {
 // optimizer steps, and its collectives carried about half the bytes (the all-reduces exactly half; the
 // broadcast of the initial weights and the setting checks are not compressed).
 func TestLaunchCompressedGradients(t *testing.T) {
-	bin := buildLaunchable(t)
+	accelBin, demoBin := buildLaunchable(t)
 	seeds := []string{"1", "2", "3"}
 	meanAccuracy := map[string]float64{}
 	runs := map[string][]summary{}
 	for _, format := range []string{"none", "bf16", "fp16"} {
 		for _, seed := range seeds {
-			s := launchTwo(t, bin, []string{"GOACCEL_GRADIENT_COMPRESSION=" + format},
+			s := launchTwo(t, accelBin, demoBin, []string{"GOACCEL_GRADIENT_COMPRESSION=" + format},
 				"-batch", "32", "-limit", "12000", "-epochs", "1", "-k", "2", "-quiet", "-seed", seed)
 			runs[format] = append(runs[format], s)
 			meanAccuracy[format] += s.TestAccuracy / float64(len(seeds))
@@ -112,6 +101,21 @@ func TestLaunchCompressedGradients(t *testing.T) {
 		t.Logf("mean test accuracy over seeds %v: uncompressed %.4f, %s %.4f", seeds, meanAccuracy["none"], format,
 			meanAccuracy[format])
 	}
+}
+
+// buildLauncherAndDemo builds `accel` and the demo with the mpi engine, and returns their paths.
+func buildLauncherAndDemo(t *testing.T) (accelBin, demoBin string) {
+	t.Helper()
+	bin := t.TempDir()
+	build := func(out, pkg string, tags ...string) string {
+		args := append([]string{"build", "-o", filepath.Join(bin, out)}, tags...)
+		cmd := exec.Command("go", append(args, pkg)...)
+		cmd.Dir = "../.."
+		output, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", output)
+		return filepath.Join(bin, out)
+	}
+	return build("accel", "./cmd/accel"), build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
 }
 
 // TestRankWithMissingDataEndsJob: when one process of a two-process job cannot load its data, the job ends

@@ -6,6 +6,11 @@
 //
 // The batch size is per process: one optimizer step uses world_size × k × batch examples. The main process
 // shows progress, prints the test accuracy and ends its output with one JSON summary line for scripts.
+//
+// A job that must survive a lost process saves regularly and resumes when it can, under a launcher that
+// restarts it:
+//
+//	accel launch -n 2 --max-restarts 3 -- bin/grad_accum -checkpoints runs/exp1 -checkpoint-every 100 -resume
 package main
 
 import (
@@ -48,10 +53,16 @@ type config struct {
 	seed    uint64
 	plot    string
 	log     string
-	// checkpoints is where a checkpoint is saved after every epoch; resume continues from the newest.
-	checkpoints string
-	resume      bool
-	quiet       bool
+	// checkpoints is where a checkpoint is saved after every epoch (and every checkpointEvery optimizer
+	// steps); resume continues from the newest, or starts afresh when there is none yet.
+	checkpoints     string
+	checkpointEvery int
+	resume          bool
+	// stopAfterBatches ends training after that many micro-batches of this run (0: train every epoch).
+	stopAfterBatches int
+	// evalEachEpoch evaluates after every epoch and keeps the best accuracy.
+	evalEachEpoch bool
+	quiet         bool
 	// cpuProfile receives a pprof CPU profile of the training loop (not of loading or evaluation).
 	cpuProfile string
 }
@@ -97,7 +108,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.log, "log", "", "log the loss of every optimizer step to this file: JSON Lines, or CSV if it ends in .csv "+
 		"(empty = none, or beside -plot's file)")
 	fs.StringVar(&cfg.checkpoints, "checkpoints", "", "save a checkpoint in this directory after every epoch (empty = none)")
-	fs.BoolVar(&cfg.resume, "resume", false, "continue from the newest checkpoint under -checkpoints (with the same flags otherwise)")
+	fs.IntVar(&cfg.checkpointEvery, "checkpoint-every", 0, "with -checkpoints, also save a checkpoint every `STEPS` optimizer steps (0 = after each epoch only)")
+	fs.BoolVar(&cfg.resume, "resume", false, "continue from the newest checkpoint under -checkpoints, on any number of processes "+
+		"(a new global batch is reported); with no checkpoint there yet, start from the beginning. Under `accel launch "+
+		"--max-restarts`, a restarted job resumes this way")
+	fs.IntVar(&cfg.stopAfterBatches, "stop-after-batches", 0, "stop training after `N` micro-batches of this run, saving a "+
+		"checkpoint first with -checkpoints, so that a later run with -resume continues (0 = train every epoch)")
+	fs.BoolVar(&cfg.evalEachEpoch, "eval-each-epoch", false, "evaluate on the test set after every epoch, log each accuracy "+
+		"and report the best")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress bar or progress lines")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the training loop to this file, for `go tool pprof` (empty = none)")
 	fs.Usage = func() {
@@ -130,6 +148,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, usageErrorf(stderr, "-data must name a directory")
 	case cfg.resume && cfg.checkpoints == "":
 		return cfg, usageErrorf(stderr, "-resume needs -checkpoints")
+	case cfg.checkpointEvery < 0:
+		return cfg, usageErrorf(stderr, "-checkpoint-every must be 0 (after each epoch only) or positive, got %d", cfg.checkpointEvery)
+	case cfg.checkpointEvery > 0 && cfg.checkpoints == "":
+		return cfg, usageErrorf(stderr, "-checkpoint-every needs -checkpoints")
+	case cfg.stopAfterBatches < 0:
+		return cfg, usageErrorf(stderr, "-stop-after-batches must be 0 (train every epoch) or positive, got %d", cfg.stopAfterBatches)
 	}
 	if cfg.epochs == 0 {
 		// The CNN learns more per epoch but needs a few more at the demo's global batch of 256 to pass 0.90.
@@ -222,7 +246,7 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	trainStart := time.Now()
-	res, err := train(acc, cfg, trainSet, newProgress(acc, cfg.quiet, stdout))
+	res, err := train(acc, cfg, trainSet, testSet, newProgress(acc, cfg.quiet, stdout))
 	trainTime := time.Since(trainStart)
 	if profileErr := stopProfile(); err == nil {
 		err = profileErr
@@ -238,14 +262,20 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	accuracy, err := evaluate(acc, res.model, testSet)
-	if err != nil {
-		return err
+	accuracy := res.lastAccuracy
+	if !cfg.evalEachEpoch || res.stoppedEarly {
+		// Evaluated once, at the end (with -eval-each-epoch, the last epoch's evaluation is the end's).
+		if accuracy, err = evaluate(acc, res.model, testSet); err != nil {
+			return err
+		}
+		if err := acc.Log(res.steps, map[string]float64{"test_accuracy": accuracy}); err != nil {
+			return err
+		}
+		res.best.observe(accuracy, cfg.epochs)
 	}
 	acc.Printf("test accuracy: %.4f on %d examples\n", accuracy, testSet.Len())
-
-	if err := acc.Log(res.steps, map[string]float64{"test_accuracy": accuracy}); err != nil {
-		return err
+	if cfg.evalEachEpoch {
+		acc.Printf("best test accuracy: %.4f, after epoch %d\n", res.best.accuracy, res.best.epoch)
 	}
 	if cfg.plot != "" && acc.IsMainProcess() {
 		if err := writeLossPlot(cfg.plot, acc, cfg); err != nil {
@@ -262,7 +292,7 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	if !acc.IsMainProcess() {
 		return diverged
 	}
-	s := newSummary(acc, cfg, stats, trainSet.Len(), accuracy, finalLoss, trainTime, time.Since(start))
+	s := newSummary(acc, cfg, stats, trainSet.Len(), accuracy, res.best.accuracy, finalLoss, trainTime, time.Since(start))
 	if err := s.write(stdout); err != nil {
 		return err
 	}

@@ -65,7 +65,8 @@ func lastLine(s string) string {
 var summaryKeys = []string{"goaccel_version",
 	"rank", "world_size", "epochs", "batch_size", "accumulation_steps", "global_batch", "optimizer_steps", "syncs",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
-	"train_examples", "test_accuracy", "final_loss", "model", "train_seconds", "examples_per_second", "seconds",
+	"train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",
+	"examples_per_second", "seconds",
 }
 
 // parseSummary checks that the last stdout line is a JSON object with exactly the summary's keys.
@@ -200,6 +201,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-plot", os.TempDir()}, "-plot " + os.TempDir() + " is a directory: name a file"},
 		{[]string{"-plot", "/no/such/dir/loss.png"}, "directory /no/such/dir does not exist"},
 		{[]string{"-log", os.TempDir()}, "-log " + os.TempDir() + " is a directory"},
+		{[]string{"-checkpoint-every", "-1", "-checkpoints", os.TempDir()}, "-checkpoint-every must be 0"},
+		{[]string{"-checkpoint-every", "2"}, "-checkpoint-every needs -checkpoints"},
+		{[]string{"-stop-after-batches", "-1"}, "-stop-after-batches must be 0"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := runMain(t, tc.args...)
@@ -284,35 +288,74 @@ func TestCSVLog(t *testing.T) {
 	assert.Len(t, logged.Y, 8)
 }
 
-// TestResumeFromCheckpoint: two epochs straight through, and one epoch saved then resumed for the second,
-// give the same log (each step's loss, bitwise, and the test accuracy once) and the same accuracy. The
-// evaluation loader, prepared inside evaluate after a checkpoint was saved, does not stand in the way.
+// TestResumeFromCheckpoint: a run that stops and is resumed from its checkpoint ends with the log of a run
+// that never stopped, record for record (each step's loss, bitwise, and each test accuracy once), and
+// the same optimizer steps, accuracies and final loss: after an epoch's end (no SetEpoch before the save),
+// inside an accumulation cycle (the running loss and the partial gradients travel in the checkpoint),
+// and with a checkpoint every 2 optimizer steps and an evaluation after every epoch (the best accuracy
+// travels too). The evaluation loader, prepared inside evaluate after a checkpoint was saved, does not
+// stand in the way.
 func TestResumeFromCheckpoint(t *testing.T) {
 	dir := writeFakeDataset(t, 64, 20)
-	out := t.TempDir()
-	common := []string{"-data", dir, "-batch", "4", "-k", "3", "-hidden", "8", "-quiet"}
-	run := func(args ...string) summary {
+	common := []string{"-data", dir, "-batch", "4", "-k", "3", "-hidden", "8", "-quiet", "-epochs", "2"}
+	run := func(t *testing.T, args ...string) (summary, string) {
 		t.Helper()
 		code, stdout, stderr := runMain(t, append(slices.Clone(common), args...)...)
 		require.Equal(t, exitOK, code, "stderr: %s", stderr)
-		return parseSummary(t, stdout)
+		return parseSummary(t, stdout), stdout
 	}
-	straight := run("-epochs", "2", "-log", filepath.Join(out, "straight.jsonl"))
-	ckpt := filepath.Join(out, "ckpt")
-	run("-epochs", "1", "-log", filepath.Join(out, "resumed.jsonl"), "-checkpoints", ckpt)
-	resumed := run("-epochs", "2", "-log", filepath.Join(out, "resumed.jsonl"), "-checkpoints", ckpt, "-resume")
-	assert.Equal(t, straight.OptimizerSteps, resumed.OptimizerSteps)
-	assert.Equal(t, straight.TestAccuracy, resumed.TestAccuracy)
-	want, err := os.ReadFile(filepath.Join(out, "straight.jsonl"))
-	require.NoError(t, err)
-	got, err := os.ReadFile(filepath.Join(out, "resumed.jsonl"))
-	require.NoError(t, err)
-	assert.Equal(t, string(want), string(got))
-	assert.Equal(t, 1, strings.Count(string(got), "test_accuracy"))
+	for _, tc := range []struct {
+		name  string
+		flags []string // for both runs
+		first []string // for the run that stops
+	}{
+		{"after an epoch", nil, []string{"-epochs", "1"}},
+		{"inside an accumulation cycle", nil, []string{"-stop-after-batches", "5"}},
+		{"every 2 steps, evaluating each epoch", []string{"-checkpoint-every", "2", "-eval-each-epoch"},
+			[]string{"-stop-after-batches", "20"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := t.TempDir()
+			straightLog, resumedLog := filepath.Join(out, "straight.jsonl"), filepath.Join(out, "resumed.jsonl")
+			ckpt := filepath.Join(out, "ckpt")
+			// The run that never stops saves the same checkpoints, into a directory of its own.
+			straight, _ := run(t, append(slices.Clone(tc.flags), "-log", straightLog, "-checkpoints", filepath.Join(out, "straight"))...)
+			run(t, append(append(slices.Clone(tc.flags), tc.first...), "-log", resumedLog, "-checkpoints", ckpt)...)
+			resumed, stdout := run(t, append(slices.Clone(tc.flags), "-log", resumedLog, "-checkpoints", ckpt, "-resume")...)
+			assert.Contains(t, stdout, "resumed from "+ckpt)
+			assert.Equal(t, straight.OptimizerSteps, resumed.OptimizerSteps)
+			assert.Equal(t, straight.TestAccuracy, resumed.TestAccuracy)
+			assert.Equal(t, straight.BestTestAccuracy, resumed.BestTestAccuracy)
+			assert.Equal(t, straight.FinalLoss, resumed.FinalLoss, "the last epoch's loss counts the batches before the save")
+			want, err := os.ReadFile(straightLog)
+			require.NoError(t, err)
+			got, err := os.ReadFile(resumedLog)
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(got))
+			epochs := 1
+			if slices.Contains(tc.flags, "-eval-each-epoch") {
+				epochs = 2
+			}
+			assert.Equal(t, epochs, strings.Count(string(got), "test_accuracy"))
+		})
+	}
 
 	code, _, stderr := runMain(t, append(slices.Clone(common), "-resume")...)
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, "-resume needs -checkpoints")
+}
+
+// TestResumeWithoutCheckpointStartsFresh: -resume on a directory with no checkpoint yet (the first run of a
+// job that a launcher may restart) starts from the beginning and says so in one line.
+func TestResumeWithoutCheckpointStartsFresh(t *testing.T) {
+	dir := writeFakeDataset(t, 32, 8)
+	ckpt := filepath.Join(t.TempDir(), "ckpt")
+	code, stdout, stderr := runMain(t, "-data", dir, "-batch", "4", "-k", "2", "-hidden", "8", "-quiet", "-epochs", "1",
+		"-checkpoints", ckpt, "-resume")
+	require.Equal(t, exitOK, code, "stderr: %s", stderr)
+	assert.Equal(t, 1, strings.Count(stdout, "no checkpoint in "+ckpt+" yet: starting from the beginning\n"))
+	assert.NotContains(t, stdout, "resumed from")
+	assert.Equal(t, int64(4), parseSummary(t, stdout).OptimizerSteps)
 }
 
 // TestUnusableCheckpointDirStopsBeforeTraining: -checkpoints naming a file fails when the job starts,

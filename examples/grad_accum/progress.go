@@ -34,6 +34,7 @@ type progress struct {
 
 	epoch, epochs int
 	batches, done int
+	startDone     int     // batches done before this run's start of the epoch (a resumed epoch)
 	loss          float64 // exponential moving average of the micro-batch losses
 	lossSeen      bool
 	start         time.Time
@@ -77,10 +78,14 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-func (p *progress) startEpoch(epoch, epochs, batches int) {
-	p.epoch, p.epochs, p.batches, p.done = epoch, epochs, batches, 0
-	p.start = time.Now()
+// startEpoch begins an epoch of batches, of which done were trained before (a resumed epoch).
+func (p *progress) startEpoch(epoch, epochs, batches, done int) {
+	p.epoch, p.epochs, p.batches, p.done = epoch, epochs, batches, done
+	p.start, p.startDone = time.Now(), done
 	p.nextQuarter = 1
+	for p.nextQuarter < 4 && done >= p.quarter(p.nextQuarter) {
+		p.nextQuarter++
+	}
 	if p.mode == progressBar {
 		p.bar = progressbar.NewOptions(batches,
 			progressbar.OptionSetWriter(p.w),
@@ -92,6 +97,7 @@ func (p *progress) startEpoch(epoch, epochs, batches int) {
 			progressbar.OptionThrottle(redrawEvery),
 			progressbar.OptionSetWidth(30),
 		)
+		_ = p.bar.Add(done)
 	}
 }
 
@@ -144,8 +150,8 @@ func (p *progress) status(bar string) string {
 	if p.lossSeen {
 		fmt.Fprintf(&b, "  loss %.4f", p.loss)
 	}
-	if elapsed := time.Since(p.start); p.done > 0 && elapsed > 0 {
-		rate := float64(p.done) / elapsed.Seconds()
+	if elapsed := time.Since(p.start); p.done > p.startDone && elapsed > 0 {
+		rate := float64(p.done-p.startDone) / elapsed.Seconds()
 		left := time.Duration(float64(p.batches-p.done) / rate * float64(time.Second))
 		fmt.Fprintf(&b, "  %.1f batches/s  %s left", rate, left.Round(time.Second))
 	}

@@ -22,23 +22,26 @@ import (
 // multi-process checks) parse instead of scraping the human-readable lines above it. The counters cover
 // training only: evaluation's gathers are not in them.
 type summary struct {
-	Rank              int       `json:"rank"`
-	WorldSize         int       `json:"world_size"`
-	Epochs            int       `json:"epochs"`
-	BatchSize         int       `json:"batch_size"` // per process
-	AccumulationSteps int       `json:"accumulation_steps"`
-	GlobalBatch       int       `json:"global_batch"` // examples per optimizer step: world_size × k × batch
-	OptimizerSteps    int64     `json:"optimizer_steps"`
-	Syncs             int64     `json:"syncs"`
-	MicroBatches      int64     `json:"micro_batches"` // on this process
-	CollectiveCalls   int64     `json:"collective_calls"`
-	CollectiveBytes   int64     `json:"collective_bytes"`
-	CommWaitSeconds   float64   `json:"comm_wait_seconds"`
-	ComputeSeconds    float64   `json:"compute_seconds"`
-	TrainExamples     int       `json:"train_examples"`
-	TestAccuracy      float64   `json:"test_accuracy"`
-	FinalLoss         jsonFloat `json:"final_loss"` // mean training loss of the last epoch, all processes
-	Model             string    `json:"model"`
+	Rank              int     `json:"rank"`
+	WorldSize         int     `json:"world_size"`
+	Epochs            int     `json:"epochs"`
+	BatchSize         int     `json:"batch_size"` // per process
+	AccumulationSteps int     `json:"accumulation_steps"`
+	GlobalBatch       int     `json:"global_batch"` // examples per optimizer step: world_size × k × batch
+	OptimizerSteps    int64   `json:"optimizer_steps"`
+	Syncs             int64   `json:"syncs"`
+	MicroBatches      int64   `json:"micro_batches"` // on this process
+	CollectiveCalls   int64   `json:"collective_calls"`
+	CollectiveBytes   int64   `json:"collective_bytes"`
+	CommWaitSeconds   float64 `json:"comm_wait_seconds"`
+	ComputeSeconds    float64 `json:"compute_seconds"`
+	TrainExamples     int     `json:"train_examples"`
+	TestAccuracy      float64 `json:"test_accuracy"`
+	BestTestAccuracy  float64 `json:"best_test_accuracy"` // the best epoch's with -eval-each-epoch
+	// RestartCount is how many times `accel launch --max-restarts` restarted the job before this run.
+	RestartCount int       `json:"restart_count"`
+	FinalLoss    jsonFloat `json:"final_loss"` // mean training loss of the last epoch, all processes
+	Model        string    `json:"model"`
 	// TrainSeconds is the wall time of the training loop alone (no data loading, no evaluation), and
 	// ExamplesPerSecond the job's throughput over it: every process's examples, every epoch.
 	TrainSeconds      float64 `json:"train_seconds"`
@@ -48,7 +51,7 @@ type summary struct {
 	GoaccelVersion string `json:"goaccel_version"`
 }
 
-func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExamples int, accuracy, finalLoss float64,
+func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExamples int, accuracy, best, finalLoss float64,
 	trainTime, elapsed time.Duration) summary {
 	return summary{
 		GoaccelVersion:    version.String(),
@@ -67,6 +70,8 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExam
 		ComputeSeconds:    seconds(stats.ComputeTime),
 		TrainExamples:     trainExamples,
 		TestAccuracy:      accuracy,
+		BestTestAccuracy:  best,
+		RestartCount:      acc.RestartCount(),
 		FinalLoss:         jsonFloat(finalLoss),
 		Model:             cfg.model,
 		TrainSeconds:      seconds(trainTime),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -14,8 +15,10 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/userstate"
 )
 
 // pixelMean and pixelStd are the statistics of Fashion-MNIST's training pixels, scaled to [0, 1].
@@ -74,13 +77,18 @@ type trainResult struct {
 	steps int64
 	// lastEpochLossSum and lastEpochBatches give this process's mean loss over the last epoch.
 	lastEpochLossSum float64
-	lastEpochBatches int
+	lastEpochBatches int64
+	// lastAccuracy is the last epoch's test accuracy and best the best epoch's (-eval-each-epoch).
+	lastAccuracy float64
+	best         *bestAccuracy
+	// stoppedEarly says that -stop-after-batches ended training before the last epoch's end.
+	stoppedEarly bool
 }
 
 // train runs the user's loop: the only goaccel-specific lines are the Prepare calls, Accumulate and
-// Backward. Step and ZeroGrad are called on every micro-batch and do nothing until k gradients were
-// accumulated (or the epoch ends), so the body is the same as without accumulation.
-func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *progress) (*trainResult, error) {
+// Backward, and the checkpointing. Step and ZeroGrad are called on every micro-batch and do nothing until
+// k gradients were accumulated (or the epoch ends), so the body is the same as without accumulation.
+func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset, bar *progress) (*trainResult, error) {
 	ctx := context.New()
 	// A fixed seed makes runs repeatable; rank 0's initial weights are broadcast anyway, so the other
 	// processes' initialisation does not matter.
@@ -102,74 +110,140 @@ func train(acc *accel.Accelerator, cfg config, data *fashionmnist.Dataset, bar *
 	if err != nil {
 		return nil, err
 	}
-	// Resuming restores everything prepared so far: weights, Adam's state, the loader's epoch and position
-	// and the log. The evaluation loader is prepared later, and kept out of checkpoints (see evaluate).
+	// The loop's own state travels with the checkpoints, so that a resumed run logs what an uninterrupted
+	// one does, record for record: the running loss sums are each process's own, the best accuracy is the
+	// same everywhere.
+	running, best := &runningLoss{}, &bestAccuracy{}
+	if err := acc.RegisterForCheckpointing("grad_accum/running-loss", running, userstate.PerRank(), sumIntoMainProcess); err != nil {
+		return nil, err
+	}
+	if err := acc.RegisterForCheckpointing("grad_accum/best-accuracy", best); err != nil {
+		return nil, err
+	}
+	// Resuming restores everything prepared and registered so far: weights, Adam's state, the loader's
+	// epoch and position, the log and the running values. The evaluation loader is prepared later, and
+	// kept out of checkpoints (see evaluate).
 	if cfg.resume {
-		if err := acc.LoadState(cfg.checkpoints); err != nil {
+		switch err := acc.LoadState(cfg.checkpoints); {
+		case errors.Is(err, checkpoint.ErrNoCheckpoint):
+			acc.Printf("no checkpoint in %s yet: starting from the beginning\n", cfg.checkpoints)
+		case err != nil:
 			return nil, err
+		default:
+			acc.Printf("resumed from %s%s: epoch %d, %d optimizer steps done\n", cfg.checkpoints, restartNote(acc),
+				loader.Epoch()+1, opt.Steps())
 		}
-		acc.Printf("resumed from %s: epoch %d, %d optimizer steps done\n", cfg.checkpoints, loader.Epoch()+1, opt.Steps())
 	}
 
-	res := &trainResult{model: model}
-	var stepLossSum float64
-	var stepBatches int
+	res := &trainResult{model: model, best: best}
+	ran := 0          // micro-batches of this run
+	lastSavedAt := -1 // ran at this run's newest checkpoint, -1 when something changed since
+	save := func() error {
+		if cfg.checkpoints == "" || lastSavedAt == ran {
+			return nil // nothing happened since the last checkpoint
+		}
+		_, err := acc.SaveState(cfg.checkpoints)
+		lastSavedAt = ran
+		return err
+	}
 	for epoch := loader.Epoch(); epoch < cfg.epochs; epoch++ {
 		// Every process must shuffle the same way each epoch to keep the shards disjoint.
 		loader.SetEpoch(epoch)
+		if loader.Position() == 0 {
+			// A new epoch; a resumed one keeps the restored sums of its first part.
+			running.epochLossSum, running.epochBatches = 0, 0
+		}
 		epochStart := time.Now()
-		var epochLossSum float64
-		var epochBatches int
-		bar.startEpoch(epoch, cfg.epochs, loader.Len())
+		bar.startEpoch(epoch, cfg.epochs, loader.Len(), loader.Position())
 		for batch, err := range loader.All() {
 			if err != nil {
 				return nil, err
 			}
 			var loss float64
+			var stepped bool
 			err = acc.Accumulate(func() error {
 				var err error
 				if loss, err = acc.Backward(model, batch); err != nil {
 					return err
 				}
-				stepped, err := opt.Step()
-				if err != nil {
+				if stepped, err = opt.Step(); err != nil {
 					return err
 				}
-				stepLossSum += loss
-				stepBatches++
+				running.stepLossSum += loss
+				running.stepBatches++
 				if stepped {
 					// The loss curve: the mean loss of the main process's micro-batches in the step, logged
 					// without a collective per step to average it over processes.
-					if err := acc.Log(opt.Steps(), map[string]float64{"loss": stepLossSum / float64(stepBatches)}); err != nil {
+					if err := acc.Log(opt.Steps(), map[string]float64{"loss": running.stepLossSum / float64(running.stepBatches)}); err != nil {
 						return err
 					}
-					stepLossSum, stepBatches = 0, 0
+					running.stepLossSum, running.stepBatches = 0, 0
 				}
-				err = opt.ZeroGrad()
-				return err
+				return opt.ZeroGrad()
 			})
 			if err != nil {
 				return nil, fmt.Errorf("epoch %d, batch %d: %w", epoch+1, batch.Step+1, err)
 			}
-			epochLossSum += loss
-			epochBatches++
+			running.epochLossSum += loss
+			running.epochBatches++
 			bar.update(loss)
+			ran++
+			if stepped && cfg.checkpointEvery > 0 && opt.Steps()%int64(cfg.checkpointEvery) == 0 {
+				if err := save(); err != nil {
+					return nil, err
+				}
+			}
+			if ran == cfg.stopAfterBatches {
+				// Saved where it stands, inside an accumulation cycle if it is in one: the checkpoint keeps
+				// every process's partial gradients and running sums.
+				if err := save(); err != nil {
+					return nil, err
+				}
+				acc.Printf("stopped after %d micro-batches of this run (-stop-after-batches)%s\n", ran, savedNote(cfg))
+				res.stoppedEarly = true
+				break
+			}
 		}
 		bar.endEpoch()
-		res.lastEpochLossSum, res.lastEpochBatches = epochLossSum, epochBatches
+		res.lastEpochLossSum, res.lastEpochBatches = running.epochLossSum, running.epochBatches
+		if res.stoppedEarly {
+			break
+		}
 		acc.Printf("epoch %d/%d: mean train loss %.4f%s, %d optimizer steps so far, %s\n", epoch+1, cfg.epochs,
-			epochLossSum/float64(max(epochBatches, 1)), rankNote(acc), opt.Steps(),
+			running.epochLossSum/float64(max(running.epochBatches, 1)), rankNote(acc), opt.Steps(),
 			time.Since(epochStart).Round(time.Millisecond))
-		if cfg.checkpoints != "" {
-			// Selecting the next epoch first makes the checkpoint resume at its start.
-			loader.SetEpoch(epoch + 1)
-			if _, err := acc.SaveState(cfg.checkpoints); err != nil {
+		if cfg.evalEachEpoch {
+			if res.lastAccuracy, err = evaluate(acc, model, test); err != nil {
 				return nil, err
 			}
+			if err := acc.Log(opt.Steps(), map[string]float64{"test_accuracy": res.lastAccuracy}); err != nil {
+				return nil, err
+			}
+			best.observe(res.lastAccuracy, epoch+1)
+			lastSavedAt = -1 // the log and the best accuracy changed since any save at this batch
+		}
+		// Saved after the epoch's last batch, the checkpoint resumes at the next epoch's start.
+		if err := save(); err != nil {
+			return nil, err
 		}
 	}
 	res.steps = opt.Steps()
 	return res, nil
+}
+
+// restartNote says which restart a resumed run is, when `accel launch --max-restarts` restarted the job.
+func restartNote(acc *accel.Accelerator) string {
+	if acc.RestartCount() == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (restart %d after a failure)", acc.RestartCount())
+}
+
+func savedNote(cfg config) string {
+	if cfg.checkpoints == "" {
+		return ""
+	}
+	return fmt.Sprintf(": saved in %s, continue with -resume", cfg.checkpoints)
 }
 
 // rankNote qualifies per-process numbers printed by the main process when there are several processes.

@@ -26,29 +26,16 @@ func Agree(comm *backends.Communicator, what string, local error) error {
 		}
 		return nil
 	}
-	lengths := make([]int64, size)
-	if err := comm.AllGather([]int64{int64(len(text))}, lengths); err != nil {
+	all, err := AllGatherBytes(comm, []byte(text))
+	if err != nil {
 		return fmt.Errorf("%s: agreeing on the outcome across ranks: %w", what, err)
-	}
-	longest := int64(0)
-	for _, n := range lengths {
-		longest = max(longest, n)
-	}
-	if longest == 0 {
-		return nil
-	}
-	padded := make([]byte, longest)
-	copy(padded, text)
-	all := make([]byte, longest*int64(size))
-	if err := comm.AllGather(padded, all); err != nil {
-		return fmt.Errorf("%s: exchanging the ranks' errors: %w", what, err)
 	}
 	// Group the ranks by message: ranks that refuse for the same reason (a setting that differs, a damaged
 	// file) are named together, with the reason once.
 	var order []string
 	byText := map[string][]int{}
 	for r := range size {
-		msg := string(all[int64(r)*longest : int64(r)*longest+lengths[r]])
+		msg := string(all[r])
 		if msg == "" {
 			continue
 		}
@@ -56,6 +43,9 @@ func Agree(comm *backends.Communicator, what string, local error) error {
 			order = append(order, msg)
 		}
 		byText[msg] = append(byText[msg], r)
+	}
+	if len(order) == 0 {
+		return nil
 	}
 	parts := make([]string, len(order))
 	for i, msg := range order {
@@ -91,4 +81,36 @@ func RankList(ranks []int, size int) string {
 		return "rank " + names[0]
 	}
 	return "ranks " + strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+// AllGatherBytes gives every rank every rank's data, whatever its length: the lengths travel first, then
+// the data padded to the longest (not at all when every rank's is empty). Collective.
+func AllGatherBytes(comm *backends.Communicator, data []byte) ([][]byte, error) {
+	size := comm.Size()
+	if size == 1 {
+		return [][]byte{data}, nil
+	}
+	lengths := make([]int64, size)
+	if err := comm.AllGather([]int64{int64(len(data))}, lengths); err != nil {
+		return nil, err
+	}
+	longest := int64(0)
+	for _, n := range lengths {
+		longest = max(longest, n)
+	}
+	all := make([][]byte, size)
+	if longest == 0 {
+		return all, nil
+	}
+	padded := make([]byte, longest)
+	copy(padded, data)
+	buf := make([]byte, longest*int64(size))
+	if err := comm.AllGather(padded, buf); err != nil {
+		return nil, err
+	}
+	for r := range size {
+		start := int64(r) * longest
+		all[r] = buf[start : start+lengths[r]]
+	}
+	return all, nil
 }

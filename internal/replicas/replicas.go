@@ -103,25 +103,14 @@ func gatherIfDifferent(comm *backends.Communicator, what string, lines []string)
 	if same {
 		return nil, nil
 	}
-	// Rare path: exchange the full texts (lengths first, then padded to the longest) to say what differs.
-	lengths := make([]int64, size)
-	if err := comm.AllGather([]int64{int64(len(text))}, lengths); err != nil {
-		return nil, fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
-	}
-	longest := int64(0)
-	for _, n := range lengths {
-		longest = max(longest, n)
-	}
-	padded := make([]byte, longest)
-	copy(padded, text)
-	buf := make([]byte, longest*int64(size))
-	if err := comm.AllGather(padded, buf); err != nil {
+	// Rare path: exchange the full texts to say what differs.
+	texts, err := AllGatherBytes(comm, text)
+	if err != nil {
 		return nil, fmt.Errorf("replicas: %s differ across ranks, and exchanging them failed: %w", what, err)
 	}
 	all := make([][]string, size)
 	for r := range size {
-		start := int64(r) * longest
-		all[r] = strings.Split(string(buf[start:start+lengths[r]]), "\n")
+		all[r] = strings.Split(string(texts[r]), "\n")
 	}
 	return all, nil
 }
