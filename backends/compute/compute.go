@@ -13,7 +13,7 @@ import (
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/backends/xla"
 
-	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/convgraph"
 	"github.com/goaccel/goaccel/backends/compute/convkernel"
 	"github.com/goaccel/goaccel/backends/compute/elementwise"
 	"github.com/goaccel/goaccel/backends/compute/fusion"
@@ -182,8 +182,8 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 		if err != nil {
 			return nil, err
 		}
-		if form == convgrad.AsSlices {
-			backend = convgrad.LowerConvolutions(backend)
+		if form == convgraph.AsSlices {
+			backend = convgraph.LowerConvolutions(backend)
 		} else {
 			backend = convkernel.Extend(backend)
 		}

@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"github.com/goaccel/goaccel/backends/compute/blas"
-	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/convgraph"
 	"github.com/goaccel/goaccel/backends/compute/convkernel"
 	"github.com/goaccel/goaccel/backends/compute/elementwise"
 	"github.com/goaccel/goaccel/backends/compute/fusion"
@@ -38,12 +38,12 @@ const (
 )
 
 // convolutionForm reads Config.Convolutions.
-func convolutionForm(cfg Config) (convgrad.Form, error) {
+func convolutionForm(cfg Config) (convgraph.Form, error) {
 	switch c := cfg.Convolutions; c {
 	case "", "kernel":
-		return convgrad.AsConvolutions, nil
+		return convgraph.AsConvolutions, nil
 	case "graph":
-		return convgrad.AsSlices, nil
+		return convgraph.AsSlices, nil
 	default:
 		return 0, fmt.Errorf("compute: %s=%q: want kernel or graph", ConvEnvVar, c)
 	}
@@ -96,7 +96,7 @@ func CurrentKernels() Kernels {
 	switch {
 	case convkernel.Installed():
 		k.Convolutions = "im2col + gemm executors"
-	case convgrad.CurrentForm() == convgrad.AsSlices:
+	case convgraph.CurrentForm() == convgraph.AsSlices:
 		k.Convolutions = "lowered to slices and dots in the graph"
 	}
 	loops := "Go loops (no AVX2 on this processor)"
@@ -136,12 +136,12 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 	switch g := cfg.Gradients; g {
 	case "", "gemm":
 		gemmgrad.Register()
-		convgrad.Register()
-		convgrad.SetForm(form)
+		convgraph.Register()
+		convgraph.SetForm(form)
 		elementwise.RegisterGradients()
 	case "gomlx":
 		gemmgrad.Unregister()
-		convgrad.Unregister()
+		convgraph.Unregister()
 		elementwise.UnregisterGradients()
 	default:
 		return fmt.Errorf("compute: %s=%q: want gemm or gomlx", GradientsEnvVar, g)
@@ -155,7 +155,7 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 	if err := fusion.Install(); err != nil {
 		return fmt.Errorf("compute: %w", err)
 	}
-	if form == convgrad.AsConvolutions {
+	if form == convgraph.AsConvolutions {
 		if err := convkernel.Install(); err != nil {
 			return fmt.Errorf("compute: %w", err)
 		}

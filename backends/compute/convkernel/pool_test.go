@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/convgraph"
 	"github.com/goaccel/goaccel/backends/compute/internal/computetest"
 )
 
@@ -94,11 +94,11 @@ func withNaN(t *testing.T, x *tensors.Tensor, seed int) *tensors.Tensor {
 }
 
 // TestPoolGradientsOnExtendedBackend differentiates max and min pooling on the extended backend, where
-// GoMLX's own gradient runs as SelectAndScatter, and compares it with convgrad's gradient rule on plain
+// GoMLX's own gradient runs as SelectAndScatter, and compares it with convgraph's gradient rule on plain
 // simplego (checked against finite differences in its own tests). The random operands have no ties.
 func TestPoolGradientsOnExtendedBackend(t *testing.T) {
-	convgrad.Register()
-	t.Cleanup(convgrad.Unregister)
+	convgraph.Register()
+	t.Cleanup(convgraph.Unregister)
 	extended := Extend(computetest.PureGo(t))
 	rng := rand.New(rand.NewPCG(9, 10))
 	for i := range 40 {

@@ -1,4 +1,4 @@
-package convgrad
+package convgraph
 
 import (
 	"fmt"
@@ -69,11 +69,11 @@ func (b *loweringBuilder) ConvGeneral(input, kernel backends.Op, axes backends.C
 	params := convParams{axes: axes, strides: strides, paddings: paddings, kernelDilations: kernelDilations}
 	conv, err := newConvLayout(inputShape, kernelShape, outputShape, params)
 	if err != nil {
-		return nil, fmt.Errorf("convgrad: lowering ConvGeneral to im2col: %w", err)
+		return nil, fmt.Errorf("convgraph: lowering ConvGeneral to im2col: %w", err)
 	}
 	lowered := conv.im2colConvolution(&ops, input, kernel, inputShape.DType)
 	if ops.err != nil {
-		return nil, fmt.Errorf("convgrad: lowering ConvGeneral to im2col: %w", ops.err)
+		return nil, fmt.Errorf("convgraph: lowering ConvGeneral to im2col: %w", ops.err)
 	}
 	return lowered, nil
 }
@@ -153,7 +153,7 @@ func (b *loweringBuilder) ReduceWindow(x backends.Op, reduction backends.ReduceO
 	w, err := newPoolGeometry(xShape, outputShape, poolParams{reduction: reduction, windowDimensions: windowDimensions,
 		strides: strides, paddings: paddings})
 	if err != nil {
-		return nil, fmt.Errorf("convgrad: lowering ReduceWindow: %w", err)
+		return nil, fmt.Errorf("convgraph: lowering ReduceWindow: %w", err)
 	}
 	if len(w.axes) == 0 || !w.isNonOverlapping() {
 		return output, nil
@@ -176,7 +176,7 @@ func (b *loweringBuilder) ReduceWindow(x backends.Op, reduction backends.ReduceO
 	split := ops.reshape(padded, splitDims...)
 	lowered := ops.do(func() (backends.Op, error) { return reduce(split, windowAxes...) })
 	if ops.err != nil {
-		return nil, fmt.Errorf("convgrad: lowering ReduceWindow: %w", ops.err)
+		return nil, fmt.Errorf("convgraph: lowering ReduceWindow: %w", ops.err)
 	}
 	return lowered, nil
 }

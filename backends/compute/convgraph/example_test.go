@@ -1,4 +1,4 @@
-package convgrad_test
+package convgraph_test
 
 import (
 	"fmt"
@@ -9,14 +9,14 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
-	"github.com/goaccel/goaccel/backends/compute/convgrad"
+	"github.com/goaccel/goaccel/backends/compute/convgraph"
 )
 
 // Differentiating a convolution on the pure-Go backend: without Register, this fails with
 // `op "Reverse" not implemented in SimpleGo yet`.
 func ExampleRegister() {
-	convgrad.Register()
-	defer convgrad.Unregister()
+	convgraph.Register()
+	defer convgraph.Unregister()
 
 	backend, err := simplego.New("")
 	if err != nil {
@@ -34,7 +34,7 @@ func ExampleRegister() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(convgrad.Registered())
+	fmt.Println(convgraph.Registered())
 	fmt.Println(tensors.MustCopyFlatData[float32](gradient))
 	// Output:
 	// true
@@ -45,14 +45,14 @@ func ExampleRegister() {
 // LowerConvolutions for convolutions and poolings built from fast ops. Models are written as usual, here a
 // convolution and a max-pooling as layers.Convolution and graph.MaxPool build them.
 func ExampleLowerConvolutions() {
-	convgrad.Register()
-	defer convgrad.Unregister()
+	convgraph.Register()
+	defer convgraph.Unregister()
 	pureGo, err := simplego.New("")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	backend := convgrad.LowerConvolutions(pureGo)
+	backend := convgraph.LowerConvolutions(pureGo)
 
 	trainStep, err := graph.NewExec(backend, func(images, kernel *graph.Node) (pooled, imagesGradient, kernelGradient *graph.Node) {
 		features := graph.Convolve(images, kernel).Strides(1).PadSame().Done()

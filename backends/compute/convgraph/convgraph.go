@@ -1,6 +1,9 @@
-// Package convgrad makes convolutional models train on GoMLX's pure-Go backend ("go", simplego): Register
-// replaces GoMLX's reverse-mode gradients of convolutions (ConvGeneral) and pooling (ReduceWindow) with
-// gradients simplego can execute, and LowerConvolutions makes the forward pass of both fast there.
+// Package convgraph expresses convolutions and pooling as graphs of operations GoMLX's pure-Go backend ("go",
+// simplego) can run: Register replaces GoMLX's reverse-mode gradients of convolutions (ConvGeneral) and
+// pooling (ReduceWindow) with gradients built from such operations (as convolutions, or as slices and
+// dots, see Form), and LowerConvolutions lowers the forward pass of both to slices and dots, which the
+// convolution executors of package convkernel have since replaced (it stays for comparison: GOACCEL_CONV=
+// graph).
 //
 // GoMLX v0.26.0 builds these gradients with ops simplego does not implement: the input gradient of a
 // convolution reverses the kernel (Reverse) and convolves with input dilations, the gradient of max and
@@ -43,7 +46,7 @@
 //
 // Register before building graphs: graph.VJPRegistration is a plain map that graph.Gradient reads without
 // a lock, so Register and Unregister must not run while another goroutine builds gradients.
-package convgrad
+package convgraph
 
 import (
 	"github.com/gomlx/gomlx/pkg/core/graph"
@@ -55,7 +58,7 @@ import (
 // patch installs this package's gradients, by node type. Each builder returns false for nodes it leaves to
 // the VJP it replaced.
 var patch = gomlxpatch.VJPPatch{
-	Name:  "convgrad",
+	Name:  "convgraph",
 	Check: CheckCompatible,
 	VJPs: map[graph.NodeType]func(replaced graph.VJP) graph.VJP{
 		graph.NodeTypeConvGeneral:  withFallback(convGeneralGradients),
@@ -84,7 +87,7 @@ func Registered() bool { return patch.Registered() }
 // build's gradients, or those of fallback for the nodes build leaves alone.
 func withFallback(build func(node, v *graph.Node) ([]*graph.Node, bool)) func(fallback graph.VJP) graph.VJP {
 	return func(fallback graph.VJP) graph.VJP {
-		return gomlxpatch.WithFallback("convgrad",
+		return gomlxpatch.WithFallback("convgraph",
 			func(node *graph.Node, outputVJPs []*graph.Node, outputShape shapes.Shape) ([]*graph.Node, bool) {
 				// Only gradients of scalars (outputShape is a scalar) are handled: Jacobians stack extra
 				// leading axes onto every VJP.

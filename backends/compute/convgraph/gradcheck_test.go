@@ -1,4 +1,4 @@
-package convgrad
+package convgraph
 
 import (
 	"math"

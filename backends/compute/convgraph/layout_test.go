@@ -1,4 +1,4 @@
-package convgrad
+package convgraph
 
 import (
 	"errors"
@@ -17,7 +17,7 @@ import (
 )
 
 func TestCheckCompatible(t *testing.T) {
-	require.NoError(t, CheckCompatible(), "GoMLX no longer stores node parameters where convgrad reads them")
+	require.NoError(t, CheckCompatible(), "GoMLX no longer stores node parameters where convgraph reads them")
 }
 
 // TestProbeDetectsChangedLayout feeds the compatibility probe readers that behave as they would if GoMLX
@@ -122,7 +122,7 @@ func TestRegisterPanicsWhenIncompatible(t *testing.T) {
 	Unregister()
 	saved := compatibility
 	defer func() { compatibility = saved }()
-	compatibility = func() error { return errors.New("convgrad: graph.Node has no field \"inputs\"") }
-	require.PanicsWithValue(t, `convgrad.Register: convgrad: graph.Node has no field "inputs"`, Register)
+	compatibility = func() error { return errors.New("convgraph: graph.Node has no field \"inputs\"") }
+	require.PanicsWithValue(t, `convgraph.Register: convgraph: graph.Node has no field "inputs"`, Register)
 	require.False(t, Registered())
 }

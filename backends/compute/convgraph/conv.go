@@ -1,4 +1,4 @@
-package convgrad
+package convgraph
 
 import (
 	"fmt"
@@ -182,6 +182,6 @@ func (conv *convLayout) inputGradient(kernel, v *graph.Node) *graph.Node {
 
 // incompatible is the panic message when a node's parameters cannot be read or do not fit its shapes.
 func incompatible(node *graph.Node, err error) string {
-	return fmt.Sprintf("convgrad: %s node %s: %v; this GoMLX is not compatible with convgrad, call convgrad.Unregister",
+	return fmt.Sprintf("convgraph: %s node %s: %v; this GoMLX is not compatible with convgraph, call convgraph.Unregister",
 		node.Type(), node, err)
 }

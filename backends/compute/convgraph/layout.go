@@ -1,4 +1,4 @@
-package convgrad
+package convgraph
 
 import (
 	"fmt"
@@ -124,7 +124,7 @@ var compatibility = sync.OnceValue(func() error { return probeCompatibility(read
 // readers are parameters so that a test can show a changed layout is caught.
 func probeCompatibility(readConv func(*graph.Node) (convParams, error),
 	readPool func(*graph.Node) (poolParams, error)) error {
-	return gomlxpatch.Probe("convgrad", "node parameters", func(g *graph.Graph) error {
+	return gomlxpatch.Probe("convgraph", "node parameters", func(g *graph.Graph) error {
 		return probeNodes(g, readConv, readPool)
 	})
 }
@@ -153,17 +153,17 @@ func probeNodes(g *graph.Graph, readConv func(*graph.Node) (convParams, error),
 		slices.Clone(wantConv.paddings), slices.Clone(wantConv.inputDilations), slices.Clone(wantConv.kernelDilations),
 		wantConv.channelGroupCount, wantConv.batchGroupCount)
 	if conv.Type() != graph.NodeTypeConvGeneral {
-		return fmt.Errorf("convgrad: graph.ConvGeneral built a %s node, not %s", conv.Type(), graph.NodeTypeConvGeneral)
+		return fmt.Errorf("convgraph: graph.ConvGeneral built a %s node, not %s", conv.Type(), graph.NodeTypeConvGeneral)
 	}
 	if inputs := conv.Inputs(); len(inputs) != 2 || inputs[0] != x || inputs[1] != kernel {
-		return fmt.Errorf("convgrad: ConvGeneral node inputs are not [input, kernel]")
+		return fmt.Errorf("convgraph: ConvGeneral node inputs are not [input, kernel]")
 	}
 	gotConv, err := readConv(conv)
 	if err != nil {
-		return fmt.Errorf("convgrad: reading ConvGeneral parameters: %w", err)
+		return fmt.Errorf("convgraph: reading ConvGeneral parameters: %w", err)
 	}
 	if !equalConvParams(gotConv, wantConv) {
-		return fmt.Errorf("convgrad: ConvGeneral built with %+v reads back as %+v", wantConv, gotConv)
+		return fmt.Errorf("convgraph: ConvGeneral built with %+v reads back as %+v", wantConv, gotConv)
 	}
 
 	wantPool := poolParams{
@@ -179,17 +179,17 @@ func probeNodes(g *graph.Graph, readConv func(*graph.Node) (convParams, error),
 		slices.Clone(wantPool.strides), slices.Clone(wantPool.baseDilations), slices.Clone(wantPool.windowDilations),
 		slices.Clone(wantPool.paddings))
 	if pool.Type() != graph.NodeTypeReduceWindow {
-		return fmt.Errorf("convgrad: graph.BackendReduceWindow built a %s node, not %s", pool.Type(), graph.NodeTypeReduceWindow)
+		return fmt.Errorf("convgraph: graph.BackendReduceWindow built a %s node, not %s", pool.Type(), graph.NodeTypeReduceWindow)
 	}
 	if inputs := pool.Inputs(); len(inputs) != 1 || inputs[0] != operand {
-		return fmt.Errorf("convgrad: ReduceWindow node inputs are not [operand]")
+		return fmt.Errorf("convgraph: ReduceWindow node inputs are not [operand]")
 	}
 	gotPool, err := readPool(pool)
 	if err != nil {
-		return fmt.Errorf("convgrad: reading ReduceWindow parameters: %w", err)
+		return fmt.Errorf("convgraph: reading ReduceWindow parameters: %w", err)
 	}
 	if !equalPoolParams(gotPool, wantPool) {
-		return fmt.Errorf("convgrad: ReduceWindow built with %+v reads back as %+v", wantPool, gotPool)
+		return fmt.Errorf("convgraph: ReduceWindow built with %+v reads back as %+v", wantPool, gotPool)
 	}
 	return nil
 }
