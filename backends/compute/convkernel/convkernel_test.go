@@ -149,25 +149,7 @@ func TestKernelGradientLayoutMatchesSimplego(t *testing.T) {
 	withKernels(t, true, func() {})
 	rng := rand.New(rand.NewPCG(21, 22))
 	for i := range 30 {
-		numSpatial := 1 + rng.IntN(2)
-		batch, in, out := 1+rng.IntN(4), 1+rng.IntN(3), 1+rng.IntN(3)
-		c := convConfig{}
-		c.inputDims, c.kernelDims = []int{in}, []int{in}
-		for j := range numSpatial {
-			k := 1 + rng.IntN(4)
-			c.kernelDilation = append(c.kernelDilation, 1+rng.IntN(2))
-			c.strides = append(c.strides, 1+rng.IntN(2))
-			c.inputDilations = append(c.inputDilations, 1)
-			c.paddings = append(c.paddings, [2]int{rng.IntN(2), rng.IntN(2)})
-			c.inputDims = append(c.inputDims, 3+rng.IntN(4)+(k-1)*c.kernelDilation[j])
-			c.kernelDims = append(c.kernelDims, k)
-		}
-		c.inputDims, c.kernelDims = append(c.inputDims, batch), append(c.kernelDims, out)
-		c.axes = backends.ConvolveAxesConfig{
-			InputChannels: 0, InputSpatial: seq(1, numSpatial), InputBatch: numSpatial + 1,
-			KernelInputChannels: 0, KernelSpatial: seq(1, numSpatial), KernelOutputChannels: numSpatial + 1,
-			OutputSpatial: seq(0, numSpatial), OutputBatch: numSpatial, OutputChannels: numSpatial + 1,
-		}
+		c := randomDualConfig(rng, 4, 3, 3)
 		for _, dtype := range []dtypes.DType{dtypes.Float32, dtypes.Float64} {
 			t.Run(fmt.Sprintf("%d/in%v/k%v/s%v/d%v/p%v/%s", i, c.inputDims, c.kernelDims, c.strides, c.kernelDilation,
 				c.paddings, dtype), func(t *testing.T) {
@@ -188,6 +170,33 @@ func TestKernelGradientLayoutMatchesSimplego(t *testing.T) {
 			})
 		}
 	}
+}
+
+// randomDualConfig draws a convolution in the layout of a channels-last convolution's kernel gradient —
+// input [in, spatial..., batch], kernel [in, spatial..., out], output [spatial..., batch, out] — with one or
+// two spatial axes, strides, kernel dilations and padding, and up to maxBatch, maxIn and maxOut of each.
+func randomDualConfig(rng *rand.Rand, maxBatch, maxIn, maxOut int) convConfig {
+	numSpatial := 1 + rng.IntN(2)
+	batch, in, out := 1+rng.IntN(maxBatch), 1+rng.IntN(maxIn), 1+rng.IntN(maxOut)
+	c := convConfig{}
+	c.inputDims, c.kernelDims = []int{in}, []int{in}
+	for j := range numSpatial {
+		k := 1 + rng.IntN(4)
+		c.kernelDilation = append(c.kernelDilation, 1+rng.IntN(2))
+		c.strides = append(c.strides, 1+rng.IntN(2))
+		c.inputDilations = append(c.inputDilations, 1)
+		c.paddings = append(c.paddings, [2]int{rng.IntN(2), rng.IntN(2)})
+		c.inputDims = append(c.inputDims, 3+rng.IntN(4)+(k-1)*c.kernelDilation[j])
+		c.kernelDims = append(c.kernelDims, k)
+	}
+	c.inputDims, c.kernelDims = append(c.inputDims, batch), append(c.kernelDims, out)
+	c.axes = backends.ConvolveAxesConfig{
+		InputChannels: 0, InputSpatial: seq(1, numSpatial), InputBatch: numSpatial + 1,
+		KernelInputChannels: 0, KernelSpatial: seq(1, numSpatial), KernelOutputChannels: numSpatial + 1,
+		OutputSpatial: seq(0, numSpatial), OutputBatch: numSpatial, OutputChannels: numSpatial + 1,
+	}
+	c.name = fmt.Sprintf("in%v/k%v/s%v/d%v/p%v", c.inputDims, c.kernelDims, c.strides, c.kernelDilation, c.paddings)
+	return c
 }
 
 // TestGroupedConvolutionFallsBack checks that channel grouping keeps simplego's executor (and its result).

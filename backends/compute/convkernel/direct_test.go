@@ -43,17 +43,21 @@ func TestDirectConvolutionMatchesSimplego(t *testing.T) {
 		}
 		ran++
 		c = c.withOutChannels(1 + rng.IntN(40))
-		t.Run(c.name, func(t *testing.T) {
-			input := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, c.inputDims...))
-			kernel := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, c.kernelDims...))
-			before := Calls()
-			got := c.run(t, true, input, kernel)
-			assert.Equal(t, before.DirectConvolutions+1, Calls().DirectConvolutions, "the convolution did not run directly")
-			want := c.run(t, false, input, kernel)
-			require.True(t, want.Shape().Equal(got.Shape()), "shape %s, want %s", got.Shape(), want.Shape())
-			assertClose(t, flat64(got), flat64(want), 1e-5)
-		})
+		t.Run(c.name, func(t *testing.T) { checkRunsDirect(t, rng, c) })
 	}
+}
+
+// checkRunsDirect runs c in float32 with the kernels and with simplego's own convolution: it must run on the
+// direct path, and agree to float32 rounding.
+func checkRunsDirect(t *testing.T, rng *rand.Rand, c convConfig) {
+	input := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, c.inputDims...))
+	kernel := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, c.kernelDims...))
+	before := Calls()
+	got := c.run(t, true, input, kernel)
+	assert.Equal(t, before.DirectConvolutions+1, Calls().DirectConvolutions, "the convolution did not run directly")
+	want := c.run(t, false, input, kernel)
+	require.True(t, want.Shape().Equal(got.Shape()), "shape %s, want %s", got.Shape(), want.Shape())
+	assertClose(t, flat64(got), flat64(want), 1e-5)
 }
 
 // TestDirectKernelGradientMatchesSimplego: the dual layout (a channels-last convolution's kernel gradient)
@@ -65,36 +69,8 @@ func TestDirectKernelGradientMatchesSimplego(t *testing.T) {
 	withKernels(t, true, func() {})
 	rng := rand.New(rand.NewPCG(33, 34))
 	for i := range 25 {
-		numSpatial := 1 + rng.IntN(2)
-		batch, in, out := 1+rng.IntN(7), 1+rng.IntN(5), 1+rng.IntN(33)
-		c := convConfig{}
-		c.inputDims, c.kernelDims = []int{in}, []int{in}
-		for j := range numSpatial {
-			k := 1 + rng.IntN(4)
-			c.kernelDilation = append(c.kernelDilation, 1+rng.IntN(2))
-			c.strides = append(c.strides, 1+rng.IntN(2))
-			c.inputDilations = append(c.inputDilations, 1)
-			c.paddings = append(c.paddings, [2]int{rng.IntN(2), rng.IntN(2)})
-			c.inputDims = append(c.inputDims, 3+rng.IntN(4)+(k-1)*c.kernelDilation[j])
-			c.kernelDims = append(c.kernelDims, k)
-		}
-		c.inputDims, c.kernelDims = append(c.inputDims, batch), append(c.kernelDims, out)
-		c.axes = backends.ConvolveAxesConfig{
-			InputChannels: 0, InputSpatial: seq(1, numSpatial), InputBatch: numSpatial + 1,
-			KernelInputChannels: 0, KernelSpatial: seq(1, numSpatial), KernelOutputChannels: numSpatial + 1,
-			OutputSpatial: seq(0, numSpatial), OutputBatch: numSpatial, OutputChannels: numSpatial + 1,
-		}
-		t.Run(fmt.Sprintf("%d/in%v/k%v/s%v/d%v/p%v", i, c.inputDims, c.kernelDims, c.strides, c.kernelDilation,
-			c.paddings), func(t *testing.T) {
-			input := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, c.inputDims...))
-			kernel := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, c.kernelDims...))
-			before := Calls()
-			got := c.run(t, true, input, kernel)
-			assert.Equal(t, before.DirectConvolutions+1, Calls().DirectConvolutions, "the convolution did not run directly")
-			want := c.run(t, false, input, kernel)
-			require.True(t, want.Shape().Equal(got.Shape()), "shape %s, want %s", got.Shape(), want.Shape())
-			assertClose(t, flat64(got), flat64(want), 1e-5)
-		})
+		c := randomDualConfig(rng, 7, 5, 33)
+		t.Run(fmt.Sprintf("%d/%s", i, c.name), func(t *testing.T) { checkRunsDirect(t, rng, c) })
 	}
 }
 

@@ -126,6 +126,17 @@ func reduceLoop[T float32 | float64](plan reducePlan, in, out []T, initial T, fo
 		}
 		return
 	}
+	foldRows(plan, in, out, initial, func(row, from []T) {
+		for i, v := range from {
+			row[i] = fold(row[i], v)
+		}
+	})
+}
+
+// foldRows is a reduction with after > 1 as row accumulations: each output row of after elements starts at
+// initial and folds in the operand's reduced rows, in operand order.
+func foldRows[T float32 | float64](plan reducePlan, in, out []T, initial T, foldRow func(row, from []T)) {
+	reduced, after := plan.reduced, plan.after
 	for b := range plan.before {
 		row := out[b*after : (b+1)*after]
 		for i := range row {
@@ -133,9 +144,7 @@ func reduceLoop[T float32 | float64](plan reducePlan, in, out []T, initial T, fo
 		}
 		for r := range reduced {
 			at := (b*reduced + r) * after
-			for i, v := range in[at : at+after] {
-				row[i] = fold(row[i], v)
-			}
+			foldRow(row, in[at:at+after])
 		}
 	}
 }
@@ -166,17 +175,11 @@ func reduceSum[T float32 | float64](plan reducePlan, in, out []T) {
 		}
 		return
 	}
-	for b := range plan.before {
-		row := out[b*after : (b+1)*after]
-		clear(row)
-		for r := range reduced {
-			at := (b*reduced + r) * after
-			from := in[at : at+after]
-			for i := range row {
-				row[i] += from[i]
-			}
+	foldRows(plan, in, out, 0, func(row, from []T) {
+		for i := range row {
+			row[i] += from[i]
 		}
-	}
+	})
 }
 
 // reduce32 is reduce in float32 on vec32's loops. Row accumulations (after > 1: bias gradients) add each
@@ -206,14 +209,5 @@ func reduce32(opType backends.OpType, plan reducePlan, in, out []float32) {
 		}
 		return
 	}
-	for b := range plan.before {
-		row := out[b*after : (b+1)*after]
-		for i := range row {
-			row[i] = initial
-		}
-		for r := range reduced {
-			at := (b*reduced + r) * after
-			vec32.Binary(op, row, row, in[at:at+after])
-		}
-	}
+	foldRows(plan, in, out, initial, func(row, from []float32) { vec32.Binary(op, row, row, from) })
 }
