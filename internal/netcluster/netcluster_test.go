@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,10 +183,12 @@ func TestSetLinkAndProcesses(t *testing.T) {
 	sleeper := c.Command(ctx, 1, "sleep", "60")
 	require.NoError(t, sleeper.Start())
 	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
-	pids, err := c.Processes(1)
-	require.NoError(t, err)
-	assert.Contains(t, pids, sleeper.Process.Pid)
-	pids, err = c.Processes(0)
+	// The command enters host 1's namespace after it starts (`ip netns exec` does it, then runs sleep).
+	assert.Eventually(t, func() bool {
+		pids, err := c.Processes(1)
+		return err == nil && slices.Contains(pids, sleeper.Process.Pid)
+	}, 30*time.Second, 10*time.Millisecond, "sleep (pid %d) runs on host 1", sleeper.Process.Pid)
+	pids, err := c.Processes(0)
 	require.NoError(t, err)
 	assert.NotContains(t, pids, sleeper.Process.Pid)
 
