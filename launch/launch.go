@@ -176,8 +176,9 @@ func newConfig(opts []Option) *config {
 
 // Argv returns the command line that runs procs copies of program with args: argv[0] is the launcher as
 // named (see WithMPIRun). procs 0 is the default count: one process per slot with hosts (WithHosts, or a
-// Slurm allocation's), mpirun's own (one per slot) with a hostfile, and 1 on this machine alone. Unless WithFlavor says which MPI
-// it is, it runs `mpirun --version` to find out, and fails with ErrMPIRunNotFound when there is no mpirun.
+// Slurm allocation's), mpirun's own (one per slot) with a hostfile, and 1 on this machine alone. Unless
+// WithFlavor says which MPI it is, it runs `mpirun --version` to find out, and fails with
+// ErrMPIRunNotFound when there is no mpirun.
 func Argv(procs int, program string, args []string, opts ...Option) ([]string, error) {
 	return newConfig(opts).argv(procs, program, args)
 }
@@ -193,7 +194,7 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		}
 		c.flavor = f
 	}
-	hosts, _, err := c.jobHosts()
+	hosts, err := c.jobHosts()
 	if err != nil {
 		return nil, err
 	}
@@ -296,24 +297,23 @@ func (c *config) placesOnHosts() bool {
 }
 
 // jobHosts is where the job runs: WithHosts's hosts, or else, inside a Slurm allocation and with no
-// hostfile or host flag among the extra arguments, the allocation's (fromSlurm). Host options that
-// contradict each other are an error.
-func (c *config) jobHosts() (hosts []Host, fromSlurm bool, err error) {
+// hostfile or host flag among the extra arguments, the allocation's. Host options that contradict each
+// other are an error.
+func (c *config) jobHosts() ([]Host, error) {
 	if len(c.hosts) > 0 {
 		if c.hostfile != "" {
-			return nil, false, fmt.Errorf("launch: both hosts (%s) and a hostfile (%s): give one", hostList(c.hosts), c.hostfile)
+			return nil, fmt.Errorf("launch: both hosts (%s) and a hostfile (%s): give one", hostList(c.hosts), c.hostfile)
 		}
 		if i := slices.IndexFunc(hostFlags, c.hasFlag); i >= 0 {
-			return nil, false, fmt.Errorf("launch: both hosts (%s) and -%s among the mpirun arguments: give one",
+			return nil, fmt.Errorf("launch: both hosts (%s) and -%s among the mpirun arguments: give one",
 				hostList(c.hosts), hostFlags[i])
 		}
-		return c.hosts, false, nil
+		return c.hosts, nil
 	}
 	if c.hostfile != "" || slices.ContainsFunc(hostFlags, c.hasFlag) || !c.inSlurm() {
-		return nil, false, nil
+		return nil, nil
 	}
-	hosts, err = SlurmHosts(c.environ)
-	return hosts, true, err
+	return SlurmHosts(c.environ)
 }
 
 // mcaParams returns the defaults the user did not decide on (by WithMCA, in the extra arguments, or with

@@ -55,7 +55,7 @@ func (c *config) probeHosts(ctx context.Context) error {
 	if c.probeTimeout <= 0 || c.flavor == UnknownFlavor || c.inSlurm() {
 		return nil
 	}
-	hosts, _, err := c.jobHosts()
+	hosts, err := c.jobHosts()
 	if err != nil {
 		return err
 	}
