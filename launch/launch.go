@@ -6,16 +6,25 @@
 // are easy to forget:
 //
 //   - --allow-run-as-root when running as root (containers), which Open MPI otherwise refuses;
-//   - --oversubscribe when more processes than CPU cores are asked for on this machine (no hostfile);
+//   - --oversubscribe when more processes than CPU cores are asked for on this machine (never on hosts:
+//     there their slots decide);
 //   - --bind-to none, because Open MPI binds each process to a single core when it starts two or fewer,
 //     and Go sizes its scheduler (GOMAXPROCS) from the CPUs it may run on: every rank would compute on one
 //     core however many the machine has;
 //   - the Open MPI MCA parameters of [DefaultMCA], currently btl_vader_single_copy_mechanism=none where
-//     the kernel refuses cross-process memory access (Docker's default seccomp profile).
+//     the kernel refuses cross-process memory access (Docker's default seccomp profile);
+//   - -x NAME for every variable of goaccel, GoMLX and PJRT, and CUDA_VISIBLE_DEVICES, that is set (see
+//     [WithForwardEnv]): processes on other hosts get no other environment.
 //
 // Each is added only when the user did not already decide: a flag of the same name among the extra
 // mpirun arguments, or an OMPI_MCA_* variable in the environment, wins. Print the result with [Argv] (or
 // `accel launch --dry-run`) to see exactly what runs.
+//
+// On several hosts ([WithHosts], a hostfile, or a Slurm allocation's hosts, see [SlurmHosts]), a job may
+// also keep MPI's traffic on one network ([WithNetwork]) and start the remote daemons with another agent
+// than ssh ([WithLaunchAgent]). Run first probes every other host through that agent ([WithHostProbe]) and
+// names a host that cannot be reached ([HostError]); [Check] runs a short job that reports each process's
+// host and build and the all-reduce bandwidth, as `accel launch --check` does.
 package launch
 
 import (
@@ -88,9 +97,17 @@ type config struct {
 	stdout     io.Writer
 	stderr     io.Writer
 	tagOutput  bool
-	// maxRestarts and restartNotice: see WithMaxRestarts.
+	// maxRestarts, restartNotice and failureNotice: see WithMaxRestarts.
 	maxRestarts   int
 	restartNotice func(Restart)
+	failureNotice func(Failure)
+	// hosts, network, agent, forward and probeTimeout: see WithHosts, WithNetwork, WithLaunchAgent,
+	// WithForwardEnv and WithHostProbe.
+	hosts        []Host
+	network      string
+	agent        string
+	forward      []string
+	probeTimeout time.Duration
 }
 
 // WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
@@ -140,7 +157,7 @@ func WithStdio(stdin io.Reader, stdout, stderr io.Writer) Option {
 }
 
 func newConfig(opts []Option) *config {
-	c := &config{mpirun: "mpirun", bindTo: "none", defaultMCA: true}
+	c := &config{mpirun: "mpirun", bindTo: "none", defaultMCA: true, probeTimeout: DefaultProbeTimeout}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -153,20 +170,20 @@ func newConfig(opts []Option) *config {
 	if c.environ == nil {
 		c.environ = os.Environ()
 	}
+	c.assignForwarded()
 	return c
 }
 
 // Argv returns the command line that runs procs copies of program with args: argv[0] is the launcher as
-// named (see WithMPIRun). Unless WithFlavor says which MPI it is, it runs `mpirun --version` to find out,
-// and fails with ErrMPIRunNotFound when there is no mpirun.
+// named (see WithMPIRun). procs 0 is the default count: one process per slot with hosts (WithHosts, or a
+// Slurm allocation's), mpirun's own (one per slot) with a hostfile, and 1 on this machine alone. Unless
+// WithFlavor says which MPI it is, it runs `mpirun --version` to find out, and fails with
+// ErrMPIRunNotFound when there is no mpirun.
 func Argv(procs int, program string, args []string, opts ...Option) ([]string, error) {
 	return newConfig(opts).argv(procs, program, args)
 }
 
 func (c *config) argv(procs int, program string, args []string) ([]string, error) {
-	if procs < 1 {
-		return nil, fmt.Errorf("launch: need at least 1 process, got %d", procs)
-	}
 	if program == "" {
 		return nil, errors.New("launch: missing program to run")
 	}
@@ -177,19 +194,46 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		}
 		c.flavor = f
 	}
-	argv := []string{c.mpirun, "-np", fmt.Sprint(procs)}
-	if c.hostfile != "" {
-		if c.flavor == MPICH {
-			argv = append(argv, "-hostfile", c.hostfile)
-		} else {
-			argv = append(argv, "--hostfile", c.hostfile)
-		}
+	hosts, err := c.jobHosts()
+	if err != nil {
+		return nil, err
 	}
-	if c.flavor == OpenMPI {
+	switch slots := totalSlots(hosts); {
+	case procs < 0:
+		return nil, fmt.Errorf("launch: need at least 1 process, got %d", procs)
+	case procs == 0 && len(hosts) > 0:
+		procs = slots
+	case procs == 0 && c.hostfile == "" && !slices.ContainsFunc(hostFlags, c.hasFlag):
+		procs = 1
+	case len(hosts) > 0 && procs > slots:
+		return nil, fmt.Errorf("launch: %d processes do not fit the %d slots of hosts %s: give fewer processes or "+
+			"more slots (HOST:SLOTS)", procs, slots, hostList(hosts))
+	}
+	forward, err := c.forwarded()
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{c.mpirun}
+	if procs > 0 {
+		argv = append(argv, "-np", fmt.Sprint(procs))
+	}
+	switch {
+	case len(hosts) > 0 && c.flavor == MPICH:
+		argv = append(argv, "-hosts", hostList(hosts))
+	case len(hosts) > 0:
+		argv = append(argv, "--host", hostList(hosts))
+	case c.hostfile != "" && c.flavor == MPICH:
+		argv = append(argv, "-hostfile", c.hostfile)
+	case c.hostfile != "":
+		argv = append(argv, "--hostfile", c.hostfile)
+	}
+	switch c.flavor {
+	case OpenMPI:
 		if c.asRoot && !c.hasFlag("allow-run-as-root") {
 			argv = append(argv, "--allow-run-as-root")
 		}
-		if c.hostfile == "" && procs > c.cpus && !c.hasFlag("oversubscribe") {
+		// On hosts the slots decide; --oversubscribe would hide a host list that is too short.
+		if !c.placesOnHosts() && procs > c.cpus && !c.hasFlag("oversubscribe") {
 			argv = append(argv, "--oversubscribe")
 		}
 		if c.bindTo != "" && !c.hasFlag("bind-to") && c.env("OMPI_MCA_hwloc_base_binding_policy") == "" {
@@ -198,17 +242,78 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		for _, p := range c.mcaParams() {
 			argv = append(argv, "--mca", p.Name, p.Value)
 		}
+		if c.agent != "" {
+			argv = append(argv, "--mca", "plm_rsh_agent", c.agent)
+		}
+		if c.network != "" {
+			parts, _, err := networkParts(c.network)
+			if err != nil {
+				return nil, err
+			}
+			list := strings.Join(parts, ",")
+			argv = append(argv, "--mca", "btl_tcp_if_include", list, "--mca", "oob_tcp_if_include", list)
+		}
 		if c.tagOutput && !c.hasFlag("tag-output") {
 			argv = append(argv, "--tag-output")
 		}
-		if c.maxRestarts > 0 {
-			// Local processes inherit mpirun's environment; those on other hosts get what -x names.
-			argv = append(argv, "-x", RestartCountEnvVar)
+		// Local processes inherit mpirun's environment; those on other hosts get what -x names.
+		for _, name := range forward {
+			argv = append(argv, "-x", name)
+		}
+	case MPICH:
+		// Hydra passes the launcher's whole environment to every process by default: nothing to forward.
+		if c.agent != "" {
+			argv = append(argv, "-launcher-exec", c.agent)
+		}
+		if c.network != "" {
+			parts, interfaces, err := networkParts(c.network)
+			if err != nil {
+				return nil, err
+			}
+			if !interfaces || len(parts) != 1 {
+				return nil, fmt.Errorf("launch: network %q: MPICH's mpiexec takes one interface name (-iface eth0), "+
+					"not a subnet or a list", c.network)
+			}
+			argv = append(argv, "-iface", parts[0])
+		}
+	default:
+		if len(hosts) > 0 || c.network != "" || c.agent != "" {
+			return nil, fmt.Errorf("launch: hosts, a network or a launch agent need Open MPI or MPICH, and %s is %s: "+
+				"pass mpirun's own words with WithMPIRunArgs (--mpirun-arg)", c.mpirun, c.flavor)
 		}
 	}
 	argv = append(argv, c.extra...)
 	argv = append(argv, program)
 	return append(argv, args...), nil
+}
+
+// hostFlags are the mpirun flags that place processes on hosts (Open MPI's and MPICH's spellings).
+var hostFlags = []string{"host", "H", "hosts", "hostfile", "machinefile", "default-hostfile", "f"}
+
+// placesOnHosts reports whether the job runs on hosts named by goaccel's options or by the extra mpirun
+// arguments, rather than on this machine alone.
+func (c *config) placesOnHosts() bool {
+	return len(c.hosts) > 0 || c.hostfile != "" || slices.ContainsFunc(hostFlags, c.hasFlag) || c.inSlurm()
+}
+
+// jobHosts is where the job runs: WithHosts's hosts, or else, inside a Slurm allocation and with no
+// hostfile or host flag among the extra arguments, the allocation's. Host options that contradict each
+// other are an error.
+func (c *config) jobHosts() ([]Host, error) {
+	if len(c.hosts) > 0 {
+		if c.hostfile != "" {
+			return nil, fmt.Errorf("launch: both hosts (%s) and a hostfile (%s): give one", hostList(c.hosts), c.hostfile)
+		}
+		if i := slices.IndexFunc(hostFlags, c.hasFlag); i >= 0 {
+			return nil, fmt.Errorf("launch: both hosts (%s) and -%s among the mpirun arguments: give one",
+				hostList(c.hosts), hostFlags[i])
+		}
+		return c.hosts, nil
+	}
+	if c.hostfile != "" || slices.ContainsFunc(hostFlags, c.hasFlag) || !c.inSlurm() {
+		return nil, nil
+	}
+	return SlurmHosts(c.environ)
 }
 
 // mcaParams returns the defaults the user did not decide on (by WithMCA, in the extra arguments, or with
@@ -248,12 +353,18 @@ func (c *config) extraSetsMCA(name string) bool {
 }
 
 func (c *config) env(name string) string {
+	v, _ := c.lookupEnv(name)
+	return v
+}
+
+// lookupEnv is os.LookupEnv in the job's environment (the last value of a name wins, as in exec.Cmd).
+func (c *config) lookupEnv(name string) (string, bool) {
 	for _, kv := range slices.Backward(c.environ) {
 		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
-			return v
+			return v, true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // DefaultMCA returns the Open MPI MCA parameters goaccel adds on this machine, with the reason for each:
@@ -332,8 +443,8 @@ func (c *config) command(ctx context.Context, procs int, program string, args []
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return nil, fmt.Errorf("launch: %q: %w", argv[0], ErrMPIRunNotFound)
 	}
-	// On this machine the program must exist and be executable; on a hostfile's hosts only they can say.
-	if c.hostfile == "" && !c.hasFlag("hostfile") && !c.hasFlag("machinefile") && !c.hasFlag("host") && !c.hasFlag("H") {
+	// On this machine the program must exist and be executable; on other hosts only they can say.
+	if !c.placesOnHosts() {
 		if err := CheckProgram(program); err != nil {
 			return nil, err
 		}
@@ -355,7 +466,8 @@ func (c *config) command(ctx context.Context, procs int, program string, args []
 // it cannot pass on. With WithMaxRestarts, a job whose process failed is started again (see there), and
 // the exit code is the last attempt's. Otherwise the error is non-nil only when the job could not be
 // started; a *ProgramError carries the code a shell would return for the program (127 not found, 126 not
-// executable).
+// executable), and a *HostError names a host of the job that could not be reached (WithHostProbe) or
+// whose daemon mpirun could not start or connect.
 func Run(ctx context.Context, procs int, program string, args []string, opts ...Option) (exitCode int, err error) {
 	c := newConfig(append([]Option{WithStdio(os.Stdin, os.Stdout, os.Stderr)}, opts...))
 	signals := make(chan os.Signal, 1)
@@ -368,6 +480,9 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 		}
 		code, failure, err := c.runOnce(ctx, procs, program, args, signals)
 		if err != nil || code == 0 || failure == nil || restarts >= c.maxRestarts || ctx.Err() != nil {
+			if err == nil && code != 0 && failure != nil && c.failureNotice != nil {
+				c.failureNotice(*failure)
+			}
 			return code, err
 		}
 		notice := Restart{Failure: *failure, Count: restarts + 1, Max: c.maxRestarts}
@@ -388,12 +503,15 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 // runOnce runs the job once and returns mpirun's exit code and, when mpirun reported one, the process
 // that failed.
 func (c *config) runOnce(ctx context.Context, procs int, program string, args []string, signals <-chan os.Signal) (int, *Failure, error) {
-	var watch failureWatch
+	watch := failureWatch{namesHosts: c.placesOnHosts()}
 	attempt := *c
 	attempt.stdout, attempt.stderr = watch.tee(c.stdout), watch.tee(c.stderr)
 	cmd, err := attempt.command(ctx, procs, program, args)
 	if err != nil {
 		return 0, nil, err
+	}
+	if err := attempt.probeHosts(ctx); err != nil {
+		return 1, nil, err
 	}
 	// A launcher killed by SIGKILL must not leave its job running (Linux: see guardScript).
 	cmd = guarded(ctx, cmd)
@@ -419,6 +537,9 @@ func (c *config) runOnce(ctx context.Context, procs int, program string, args []
 			code := ExitCode(err)
 			if f, ok := watch.failure(code); ok && code != 0 {
 				return code, &f, nil
+			}
+			if herr := watch.hostProblem(); herr != nil && code != 0 {
+				return code, nil, herr
 			}
 			return code, nil, nil
 		}

@@ -82,7 +82,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
+	mpitest.Main(m) // removes the mpi-tagged test binary TestCheck may have built
 }
 
 // TestKilledLauncherEndsTheJob: a launcher killed with SIGKILL, which it cannot pass on, still ends its job:

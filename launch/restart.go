@@ -26,6 +26,11 @@ func WithMaxRestarts(n int) Option { return func(c *config) { c.maxRestarts = n 
 // (Restart.String, after "launch: ") to the job's standard error.
 func WithRestartNotice(fn func(Restart)) Option { return func(c *config) { c.restartNotice = fn } }
 
+// WithFailureNotice calls fn with the process whose failure ended the job, as mpirun reported it, when Run
+// returns because of it (with WithMaxRestarts: once the restarts are spent). It is not called for a job
+// that succeeded, was interrupted, or never started.
+func WithFailureNotice(fn func(Failure)) Option { return func(c *config) { c.failureNotice = fn } }
+
 // Restart describes one restart of a job.
 type Restart struct {
 	// Failure is what ended the attempt before it.
@@ -43,6 +48,8 @@ func (r Restart) String() string {
 type Failure struct {
 	// Rank is the failed process's rank, -1 when mpirun did not say.
 	Rank int
+	// Host is the host it ran on, as mpirun named it, for jobs on several hosts; empty otherwise.
+	Host string
 	// Signal is the signal that killed it, or 0; ExitCode its exit code otherwise.
 	Signal   syscall.Signal
 	ExitCode int
@@ -54,6 +61,9 @@ func (f Failure) String() string {
 	who := "a process"
 	if f.Rank >= 0 {
 		who = "rank " + strconv.Itoa(f.Rank)
+	}
+	if f.Host != "" {
+		who += " on host " + f.Host
 	}
 	switch {
 	case f.Signal != 0:
@@ -68,11 +78,11 @@ func (f Failure) String() string {
 // noticed…", or a "Process name: [[job,1],rank]" line followed by "Exit code: N") and 5 ("prterun
 // noticed…"); MPICH's Hydra ("RANK r PID p RUNNING AT host" then "KILLED BY SIGNAL: n" or "EXIT CODE: n").
 var (
-	noticedSignal = regexp.MustCompile(`noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)`)
-	noticedExit   = regexp.MustCompile(`noticed that process rank (\d+) with PID \d+ on node \S+ exited with status (\d+)`)
+	noticedSignal = regexp.MustCompile(`noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)`)
+	noticedExit   = regexp.MustCompile(`noticed that process rank (\d+) with PID \d+ on node (\S+) exited with status (\d+)`)
 	processName   = regexp.MustCompile(`Process name:\s*\[\[\d+,\d+\],(\d+)\]`)
 	exitCodeLine  = regexp.MustCompile(`^\s*Exit code:\s*(\d+)`)
-	hydraRank     = regexp.MustCompile(`RANK (\d+) PID \d+ RUNNING AT`)
+	hydraRank     = regexp.MustCompile(`RANK (\d+) PID \d+ RUNNING AT (\S+)`)
 	hydraSignal   = regexp.MustCompile(`KILLED BY SIGNAL: (\d+)`)
 	hydraExit     = regexp.MustCompile(`EXIT CODE: (\d+)`)
 	mpiAbort      = regexp.MustCompile(`MPI_ABORT was invoked on rank (\d+) in communicator \S+ with errorcode (-?\d+)`)
@@ -91,6 +101,17 @@ type failureWatch struct {
 	unnamed bool
 	// pending is a failure whose rank was read and whose code comes on a later line.
 	pending *Failure
+	// namesHosts: the job runs on several hosts, and failures say on which.
+	namesHosts bool
+	hostWatch
+}
+
+// host is mpirun's name for a failed process's node, kept for jobs on several hosts.
+func (w *failureWatch) host(name string) string {
+	if w.namesHosts {
+		return name
+	}
+	return ""
 }
 
 func (w *failureWatch) line(line string) {
@@ -110,14 +131,15 @@ func (w *failureWatch) line(line string) {
 		}
 		return Failure{Rank: -1}
 	}
+	w.hostLine(line)
 	if m := noticedSignal.FindStringSubmatch(line); m != nil {
-		set(Failure{Rank: atoi(m[1]), Signal: syscall.Signal(atoi(m[2]))})
+		set(Failure{Rank: atoi(m[1]), Host: w.host(m[2]), Signal: syscall.Signal(atoi(m[3]))})
 	} else if m := noticedExit.FindStringSubmatch(line); m != nil {
-		set(Failure{Rank: atoi(m[1]), ExitCode: atoi(m[2])})
+		set(Failure{Rank: atoi(m[1]), Host: w.host(m[2]), ExitCode: atoi(m[3])})
 	} else if m := processName.FindStringSubmatch(line); m != nil {
 		w.pending = &Failure{Rank: atoi(m[1])}
 	} else if m := hydraRank.FindStringSubmatch(line); m != nil {
-		w.pending = &Failure{Rank: atoi(m[1])}
+		w.pending = &Failure{Rank: atoi(m[1]), Host: w.host(m[2])}
 	} else if m := exitCodeLine.FindStringSubmatch(line); m != nil && w.pending != nil {
 		f := pendingOr()
 		f.ExitCode = atoi(m[1])
@@ -153,6 +175,13 @@ func (w *failureWatch) failure(exitCode int) (Failure, bool) {
 		return Failure{Rank: -1, ExitCode: exitCode}, true
 	}
 	return Failure{}, false
+}
+
+// hostProblem is the host mpirun reported it could not start or connect a daemon on, if any.
+func (w *failureWatch) hostProblem() *HostError {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hostFailure()
 }
 
 // tee passes a stream on to w unchanged and shows the watch its lines.

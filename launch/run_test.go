@@ -87,6 +87,7 @@ func ExampleArgv() {
 		launch.WithRunAsRoot(false),
 		launch.WithCPUs(2),
 		launch.WithoutDefaultMCA(),
+		launch.WithEnviron([]string{}), // nothing to forward to other hosts (see WithForwardEnv)
 		launch.WithMPIRunArgs("--tag-output"))
 	if err != nil {
 		panic(err)
@@ -104,6 +105,7 @@ func ExampleCommand() {
 		launch.WithRunAsRoot(true),
 		launch.WithCPUs(8),
 		launch.WithoutDefaultMCA(),
+		launch.WithEnviron([]string{}),
 		launch.WithHostfile("hosts.txt"))
 	if err != nil {
 		panic(err)
@@ -188,7 +190,7 @@ func TestRunDoesNotRestartWhatNeverRan(t *testing.T) {
 func ExampleWithMaxRestarts() {
 	argv, err := launch.Argv(2, "./train", []string{"-resume"},
 		launch.WithFlavor(launch.OpenMPI), launch.WithRunAsRoot(false), launch.WithCPUs(2),
-		launch.WithoutDefaultMCA(), launch.WithMaxRestarts(3))
+		launch.WithoutDefaultMCA(), launch.WithEnviron([]string{}), launch.WithMaxRestarts(3))
 	if err != nil {
 		panic(err)
 	}

@@ -8,8 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/mpi"
 	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/version"
 )
 
 // stringList is a repeatable string flag.
@@ -25,8 +29,20 @@ func (l *stringList) Set(v string) error {
 func (a *app) launch(args []string) int {
 	fs := flag.NewFlagSet("accel launch", flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
-	procs := fs.Int("n", 1, "number of processes to start")
+	procs := fs.Int("n", 0, "number of processes to start (default: 1 on this machine; one per slot with --hosts, "+
+		"a hostfile or a Slurm allocation)")
+	hosts := fs.String("hosts", "", "run on these hosts: `NAME[:SLOTS],...` (node1:4,node2:4; slots 1 when left out)")
 	hostfile := fs.String("hostfile", "", "run on the hosts listed in `FILE` (mpirun --hostfile)")
+	network := fs.String("net", "", "keep MPI's data and control traffic on this `NETWORK`: a subnet (10.0.0.0/24) or an "+
+		"interface (eth0)")
+	agent := fs.String("launch-agent", "", "start mpirun's daemons on the other hosts with `COMMAND` instead of ssh "+
+		"(\"ssh -p 2222\", or a script run as `COMMAND HOST WORDS...`)")
+	var forward stringList
+	fs.Var(&forward, "env", "also pass `NAME` (or NAME=VALUE) to every process on every host (repeatable; "+
+		"GOACCEL_*, GOMLX_*, PJRT_* and CUDA_VISIBLE_DEVICES are passed already)")
+	check := fs.Bool("check", false, "first run a short check across the hosts: each process's host, goaccel version and "+
+		"MPI library, and the all-reduce bandwidth; without PROGRAM, only the check")
+	checkTimeout := fs.Duration("check-timeout", 3*time.Minute, "give up the check after `DURATION`")
 	var mpirunArgs stringList
 	fs.Var(&mpirunArgs, "mpirun-arg", "pass `ARG` to mpirun before the program (repeatable)")
 	mpirun := fs.String("mpirun", "mpirun", "the MPI launcher `program` to run")
@@ -37,10 +53,12 @@ func (a *app) launch(args []string) int {
 		"fails or is killed; the program resumes from its checkpoints and reads the count as "+
 		launch.RestartCountEnvVar)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: accel launch -n N [flags] [--] PROGRAM [ARGS...]\n\n"+
-			"Runs PROGRAM in N processes under mpirun and exits with the job's exit code. With\n"+
-			"-max-restarts N, a job whose process fails is started again, up to N times.\n"+
-			"Arguments after PROGRAM are passed to it unchanged.\n\nFlags:\n")
+		fmt.Fprint(fs.Output(), "Usage: accel launch [-n N] [--hosts NAME:SLOTS,...] [flags] [--] PROGRAM [ARGS...]\n"+
+			"       accel launch --check [--hosts NAME:SLOTS,...] [flags] [-- PROGRAM [ARGS...]]\n\n"+
+			"Runs PROGRAM in N processes under mpirun, on this machine or on the hosts given (--hosts, --hostfile,\n"+
+			"or a Slurm allocation's), and exits with the job's exit code. With -max-restarts N, a job whose\n"+
+			"process fails is started again, up to N times. Arguments after PROGRAM are passed to it unchanged.\n\n"+
+			"Flags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -49,12 +67,14 @@ func (a *app) launch(args []string) int {
 		}
 		return 2
 	}
-	if fs.NArg() == 0 {
+	if fs.NArg() == 0 && !*check {
 		fmt.Fprintln(a.stderr, "accel launch: missing PROGRAM")
 		fs.Usage()
 		return 2
 	}
-	if *procs < 1 {
+	nGiven := false
+	fs.Visit(func(f *flag.Flag) { nGiven = nGiven || f.Name == "n" })
+	if nGiven && *procs < 1 {
 		fmt.Fprintf(a.stderr, "accel launch: -n must be at least 1, got %d\n", *procs)
 		return 2
 	}
@@ -62,11 +82,26 @@ func (a *app) launch(args []string) int {
 		fmt.Fprintf(a.stderr, "accel launch: -max-restarts must be 0 or more, got %d\n", *maxRestarts)
 		return 2
 	}
+	if *checkTimeout <= 0 {
+		fmt.Fprintf(a.stderr, "accel launch: -check-timeout must be positive, got %s\n", *checkTimeout)
+		return 2
+	}
+	var hostList []launch.Host
+	if *hosts != "" {
+		var err error
+		if hostList, err = launch.ParseHosts(*hosts); err != nil {
+			fmt.Fprintf(a.stderr, "accel launch: --hosts: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
+			return 2
+		}
+	}
 	restarts := 0
-	program, programArgs := fs.Arg(0), fs.Args()[1:]
 	opts := append([]launch.Option{
 		launch.WithMPIRun(*mpirun),
+		launch.WithHosts(hostList...),
 		launch.WithHostfile(*hostfile),
+		launch.WithNetwork(*network),
+		launch.WithLaunchAgent(*agent),
+		launch.WithForwardEnv(forward...),
 		launch.WithMPIRunArgs(mpirunArgs...),
 		launch.WithStdio(a.stdin, a.stdout, a.stderr),
 		launch.WithMaxRestarts(*maxRestarts),
@@ -76,10 +111,16 @@ func (a *app) launch(args []string) int {
 		}),
 	}, a.launchOptions...)
 
+	if *check {
+		if code := a.check(*procs, *checkTimeout, *dryRun, opts); code != 0 || fs.NArg() == 0 {
+			return code
+		}
+	}
+	program, programArgs := fs.Arg(0), fs.Args()[1:]
 	if *dryRun {
 		argv, err := launch.Argv(*procs, program, programArgs, opts...)
 		if err != nil {
-			fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+			fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
 			return 1
 		}
 		fmt.Fprintln(a.stdout, launch.String(argv))
@@ -101,6 +142,8 @@ func (a *app) launch(args []string) int {
 		return 1
 	}
 	opts = append(opts, launch.WithTaggedOutput(), launch.WithStdio(a.stdin, out.Stdout(), out.Stderr()))
+	var failure *launch.Failure
+	opts = append(opts, launch.WithFailureNotice(func(f launch.Failure) { failure = &f }))
 	code, err := launch.Run(context.Background(), *procs, program, programArgs, opts...)
 	_ = out.Close()
 	ierr := (*launch.InterruptedError)(nil)
@@ -116,6 +159,9 @@ func (a *app) launch(args []string) int {
 		failed := fmt.Sprintf("the job failed (exit code %d)", code)
 		if restarts > 0 {
 			failed = fmt.Sprintf("the job failed (exit code %d) after %d restart(s)", code, restarts)
+		}
+		if failure != nil {
+			failed += ": " + failure.String()
 		}
 		if summary := out.Summary(); summary != "" {
 			fmt.Fprintf(a.stderr, "accel launch: %s; what the ranks reported:\n%s", failed, summary)
@@ -133,4 +179,75 @@ func (a *app) launch(args []string) int {
 		return 1
 	}
 	return code
+}
+
+// checkRankCommand is the hidden command that mpirun starts in every process of `accel launch --check`.
+const checkRankCommand = "check-rank"
+
+// check runs `accel launch --check`: this binary's check-rank command in procs processes with the job's
+// options, and prints the report (or, with dryRun, the command line). It returns the exit code.
+func (a *app) check(procs int, timeout time.Duration, dryRun bool, opts []launch.Option) int {
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(a.stderr, "accel launch: --check: locating accel itself: %v\n", err)
+		return 1
+	}
+	args := []string{checkRankCommand, "-timeout", timeout.String()}
+	if dryRun {
+		argv, err := launch.Argv(procs, self, args, opts...)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
+			return 1
+		}
+		fmt.Fprintln(a.stdout, launch.String(argv))
+		return 0
+	}
+	if !backends.EngineRegistered("mpi") {
+		fmt.Fprintln(a.stderr, "accel launch: --check needs an accel built with -tags mpi (go install -tags mpi ./cmd/accel): "+
+			"its processes run the check through MPI")
+		return 1
+	}
+	ctx, cancel := context.WithTimeoutCause(context.Background(), timeout,
+		fmt.Errorf("no result within -check-timeout %s", timeout))
+	defer cancel()
+	report, err := launch.Check(ctx, procs, self, args, opts...)
+	if report != nil {
+		fmt.Fprint(a.stdout, "accel launch --check: ", report)
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "accel launch: --check: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
+		return 1
+	}
+	return 0
+}
+
+// checkRank is one process of `accel launch --check`: it opens the MPI engine and runs launch.CheckRank.
+func (a *app) checkRank(args []string) int {
+	fs := flag.NewFlagSet("accel "+checkRankCommand, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	timeout := fs.Duration("timeout", 3*time.Minute, "bound every collective to `DURATION`")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	topo, err := backends.DetectTopology()
+	if err != nil {
+		fmt.Fprintf(a.stderr, "accel %s: %v\n", checkRankCommand, err)
+		return 1
+	}
+	comm, err := backends.Open("mpi", topo, backends.WithTimeout(*timeout))
+	if err != nil {
+		fmt.Fprintf(a.stderr, "accel %s: rank %d: %v\n", checkRankCommand, topo.Rank, err)
+		return 1
+	}
+	info := launch.CheckInfo{GoaccelVersion: version.String(), MPILibrary: firstLine(mpi.LibraryVersion())}
+	if err := launch.CheckRank(comm, info, a.stdout); err != nil {
+		fmt.Fprintf(a.stderr, "accel %s: rank %d: %v\n", checkRankCommand, topo.Rank, err)
+		comm.Abort(1)
+		return 1
+	}
+	if err := comm.Close(); err != nil {
+		fmt.Fprintf(a.stderr, "accel %s: rank %d: %v\n", checkRankCommand, topo.Rank, err)
+		return 1
+	}
+	return 0
 }

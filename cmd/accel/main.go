@@ -3,13 +3,22 @@
 //
 // Usage:
 //
-//	accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--mpirun PROGRAM] [--max-restarts N] [--dry-run] [--] PROGRAM [ARGS...]
+//	accel launch [-n N] [--hosts NAME:SLOTS,... | --hostfile FILE] [--net NETWORK] [--launch-agent COMMAND] [--env NAME ...]
+//	             [--check] [--mpirun-arg ARG ...] [--mpirun PROGRAM] [--max-restarts N] [--dry-run] [--] PROGRAM [ARGS...]
+//	accel launch --check [--hosts NAME:SLOTS,...] [flags]
 //	accel env [--devices]
 //
 // `accel launch` runs PROGRAM in N processes under mpirun, adding the flags a Go program needs (see package
 // launch: --allow-run-as-root as root, --oversubscribe beyond the core count, --bind-to none, and the Open MPI
 // MCA settings this machine needs), and exits with the job's exit code. Everything after PROGRAM is passed
-// to it unchanged; --dry-run prints the mpirun command instead of running it. With --max-restarts N (torchrun's
+// to it unchanged; --dry-run prints the mpirun command instead of running it. On several hosts (--hosts
+// node1:4,node2:4, a hostfile, or inside a Slurm allocation its hosts) it starts one process per slot
+// unless -n says fewer; goaccel's, GoMLX's and PJRT's variables and CUDA_VISIBLE_DEVICES reach every host
+// (--env NAME adds more); --net keeps MPI's data and control traffic on one network, --launch-agent starts
+// the remote daemons with another command than ssh, and a host that cannot be reached is named before
+// anything starts. --check first runs a short job across the hosts (every process reports its host,
+// goaccel version and MPI library; timed all-reduces report the bandwidth) and stops there when the
+// builds differ or without a PROGRAM. With --max-restarts N (torchrun's
 // flag), a job one of whose processes fails or is killed is started again, whole, up to N times; the
 // launcher says which rank failed and the restart count, and the program, which reads the count as
 // GOACCEL_RESTART_COUNT (Accelerator.RestartCount), resumes from its newest checkpoint. The program must be
@@ -44,7 +53,9 @@ type app struct {
 const usage = `accel starts goaccel programs on several processes and describes their environment.
 
 Usage:
-  accel launch -n N [--hostfile FILE] [--mpirun-arg ARG ...] [--max-restarts N] [--dry-run] [--] PROGRAM [ARGS...]
+  accel launch [-n N] [--hosts NAME:SLOTS,... | --hostfile FILE] [--net NETWORK] [--launch-agent COMMAND]
+               [--env NAME ...] [--check] [--mpirun-arg ARG ...] [--max-restarts N] [--dry-run] [--] PROGRAM [ARGS...]
+  accel launch --check [--hosts NAME:SLOTS,...] [flags]
   accel env [--devices]
 
 Run "accel launch -h" or "accel env -h" for the flags of each command.
@@ -62,6 +73,8 @@ func (a *app) run(args []string) int {
 		return a.launch(args[1:])
 	case "env":
 		return a.env(args[1:])
+	case checkRankCommand: // not in the usage: what `accel launch --check` starts in each process
+		return a.checkRank(args[1:])
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(a.stdout, usage)
 		return 0

@@ -22,6 +22,7 @@ import (
 // pinned fixes what launch would otherwise detect, so command lines do not depend on the machine.
 var pinned = []launch.Option{
 	launch.WithFlavor(launch.OpenMPI), launch.WithRunAsRoot(false), launch.WithCPUs(2), launch.WithoutDefaultMCA(),
+	launch.WithEnviron([]string{"GOMLX_BACKEND=go", "HOME=/root"}),
 }
 
 func newTestApp(opts ...launch.Option) (*app, *bytes.Buffer, *bytes.Buffer) {
@@ -40,45 +41,76 @@ func TestCommandLine(t *testing.T) {
 		{
 			name:       "dry run",
 			args:       []string{"launch", "-n", "2", "--dry-run", "./train"},
-			wantStdout: "mpirun -np 2 --bind-to none ./train\n",
+			wantStdout: "mpirun -np 2 --bind-to none -x GOMLX_BACKEND ./train\n",
 		},
 		{
 			name:       "program arguments pass through, flags included",
 			args:       []string{"launch", "-n", "4", "--dry-run", "./train", "-n", "5", "--lr=0.1", "--", "x"},
-			wantStdout: "mpirun -np 4 --oversubscribe --bind-to none ./train -n 5 --lr=0.1 -- x\n",
+			wantStdout: "mpirun -np 4 --oversubscribe --bind-to none -x GOMLX_BACKEND ./train -n 5 --lr=0.1 -- x\n",
 		},
 		{
 			name:       "double dash ends accel's flags",
 			args:       []string{"launch", "--dry-run", "-n=2", "--", "-weird-program", "a b"},
-			wantStdout: "mpirun -np 2 --bind-to none -weird-program 'a b'\n",
+			wantStdout: "mpirun -np 2 --bind-to none -x GOMLX_BACKEND -weird-program 'a b'\n",
 		},
 		{
 			name: "hostfile and repeated mpirun arguments",
 			args: []string{"launch", "-n", "8", "--hostfile", "hosts", "--mpirun-arg", "-x",
 				"--mpirun-arg", "NCCL_DEBUG", "--dry-run", "./train"},
-			wantStdout: "mpirun -np 8 --hostfile hosts --bind-to none -x NCCL_DEBUG ./train\n",
+			wantStdout: "mpirun -np 8 --hostfile hosts --bind-to none -x GOMLX_BACKEND -x NCCL_DEBUG ./train\n",
 		},
 		{
 			name:       "another launcher",
 			args:       []string{"launch", "--mpirun", "/opt/ompi/bin/mpirun", "--dry-run", "./train"},
-			wantStdout: "/opt/ompi/bin/mpirun -np 1 --bind-to none ./train\n",
+			wantStdout: "/opt/ompi/bin/mpirun -np 1 --bind-to none -x GOMLX_BACKEND ./train\n",
 		},
 		{name: "no command", args: nil, wantCode: 2, wantStderr: "Usage:"},
 		{name: "unknown command", args: []string{"train"}, wantCode: 2, wantStderr: `unknown command "train"`},
-		{name: "help", args: []string{"help"}, wantStdout: "accel launch -n N"},
+		{name: "help", args: []string{"help"}, wantStdout: "accel launch [-n N] [--hosts NAME:SLOTS,..."},
 		{name: "launch without program", args: []string{"launch", "-n", "2"}, wantCode: 2, wantStderr: "missing PROGRAM"},
 		{name: "zero processes", args: []string{"launch", "-n", "0", "./train"}, wantCode: 2,
 			wantStderr: "-n must be at least 1, got 0"},
 		{
 			name:       "restarts, torchrun's spelling",
 			args:       []string{"launch", "-n", "2", "--max-restarts", "3", "--dry-run", "./train", "-resume"},
-			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_RESTART_COUNT ./train -resume\n",
+			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_RESTART_COUNT -x GOMLX_BACKEND ./train -resume\n",
 		},
 		{
 			name:       "restarts, one dash",
 			args:       []string{"launch", "-n", "2", "-max-restarts=1", "--dry-run", "./train"},
-			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_RESTART_COUNT ./train\n",
+			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_RESTART_COUNT -x GOMLX_BACKEND ./train\n",
 		},
+		{
+			name: "hosts, network, launch agent, more environment",
+			args: []string{"launch", "--hosts", "node1:4,node2:4", "--net", "10.0.0.0/24", "--launch-agent", "ssh -p 2222",
+				"--env", "OMP_NUM_THREADS=1", "--env", "HOME", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 8 --host node1:4,node2:4 --bind-to none --mca plm_rsh_agent 'ssh -p 2222' " +
+				"--mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include 10.0.0.0/24 " +
+				"-x GOMLX_BACKEND -x HOME -x OMP_NUM_THREADS ./train\n",
+		},
+		{
+			name:       "hosts: fewer processes than slots, never --oversubscribe",
+			args:       []string{"launch", "-n", "4", "--hosts", "a:1,b:3", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 4 --host a:1,b:3 --bind-to none -x GOMLX_BACKEND ./train\n",
+		},
+		{
+			name:       "hosts passed through as mpirun words: no --oversubscribe",
+			args:       []string{"launch", "-n", "4", "--mpirun-arg", "--host", "--mpirun-arg", "a:2,b:2", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 4 --bind-to none -x GOMLX_BACKEND --host a:2,b:2 ./train\n",
+		},
+		{
+			name:       "check, then the job: both command lines",
+			args:       []string{"launch", "--check", "--hosts", "a,b", "--dry-run", "--", "./train"},
+			wantStdout: " check-rank -timeout 3m0s\nmpirun -np 2 --host a:1,b:1 --bind-to none -x GOMLX_BACKEND ./train",
+		},
+		{name: "more processes than slots", args: []string{"launch", "-n", "3", "--hosts", "a,b", "--dry-run", "./train"},
+			wantCode: 1, wantStderr: "accel launch: 3 processes do not fit the 2 slots of hosts a:1,b:1"},
+		{name: "bad host list", args: []string{"launch", "--hosts", "a:0", "./train"}, wantCode: 2,
+			wantStderr: `accel launch: --hosts: host "a" in "a:0": slots must be a whole number of at least 1`},
+		{name: "bad network", args: []string{"launch", "--net", "10.0.0.0/99", "--dry-run", "./train"}, wantCode: 1,
+			wantStderr: `accel launch: network "10.0.0.0/99": "10.0.0.0/99" is not a subnet`},
+		{name: "forwarding what is not set", args: []string{"launch", "--env", "NO_SUCH_VARIABLE", "--dry-run", "./train"},
+			wantCode: 1, wantStderr: "cannot forward NO_SUCH_VARIABLE: it is not set in the launcher's environment"},
 		{name: "negative restarts", args: []string{"launch", "--max-restarts", "-1", "./train"}, wantCode: 2,
 			wantStderr: "-max-restarts must be 0 or more, got -1"},
 		{name: "bad flag", args: []string{"launch", "--np", "2", "./train"}, wantCode: 2,
@@ -138,7 +170,9 @@ func TestLaunchRestartsAFailedJob(t *testing.T) {
 		`[ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo "demo: rank 1: broken" >&2 && exit 3; exec sleep 60`})
 	assert.Equal(t, 3, code)
 	assert.Regexp(t, `accel launch: (rank 1|a process) exited with code 3; restarting the job \(restart 1 of 1\)\n`, stderr.String())
-	assert.Contains(t, stderr.String(), "accel launch: the job failed (exit code 3) after 1 restart(s); what the ranks reported:")
+	// The failure that ended the job follows, as mpirun reported it.
+	assert.Regexp(t, `accel launch: the job failed \(exit code 3\) after 1 restart\(s\): (rank 1|a process) exited with code 3; `+
+		`what the ranks reported:`, stderr.String())
 }
 
 func TestEnvReport(t *testing.T) {
@@ -181,7 +215,17 @@ func TestEnvStartsThePureGoBackend(t *testing.T) {
 func Example_launch() {
 	a := &app{stdout: os.Stdout, stderr: os.Stdout, launchOptions: pinned}
 	a.run([]string{"launch", "-n", "4", "--dry-run", "./train", "-epochs", "3"})
-	// Output: mpirun -np 4 --oversubscribe --bind-to none ./train -epochs 3
+	// Output: mpirun -np 4 --oversubscribe --bind-to none -x GOMLX_BACKEND ./train -epochs 3
+}
+
+// `accel launch --hosts` runs one process per slot of each host (here 2 × 2), starting the other hosts'
+// daemons through the launch agent, with MPI's data and control traffic on one network, and goaccel's and
+// GoMLX's variables passed to every host.
+func Example_launchOnHosts() {
+	a := &app{stdout: os.Stdout, stderr: os.Stdout, launchOptions: pinned}
+	a.run([]string{"launch", "--hosts", "node1:2,node2:2", "--net", "10.0.0.0/24", "--launch-agent", "ssh -p 2222",
+		"--dry-run", "./train"})
+	// Output: mpirun -np 4 --host node1:2,node2:2 --bind-to none --mca plm_rsh_agent 'ssh -p 2222' --mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include 10.0.0.0/24 -x GOMLX_BACKEND ./train
 }
 
 // `accel env` reports, in this order:
@@ -284,8 +328,8 @@ func TestLaunchFailureOutput(t *testing.T) {
 		`echo "step 1"; echo "demo: rank $OMPI_COMM_WORLD_RANK of 4: -k must be at least 1" >&2; exit 2`})
 	assert.Equal(t, 2, code)
 	assert.Equal(t, 4, strings.Count(stdout.String(), "step 1"), "the ranks' standard output passes")
-	assert.Contains(t, stderr.String(), "accel launch: the job failed (exit code 2); what the ranks reported:\n"+
-		"  ranks 0-3: demo: rank N of 4: -k must be at least 1\n")
+	assert.Regexp(t, `accel launch: the job failed \(exit code 2\): (rank \d|a process) exited with code 2; what the ranks reported:\n`+
+		`  ranks 0-3: demo: rank N of 4: -k must be at least 1\n`, stderr.String())
 	assert.Equal(t, 2, strings.Count(stderr.String(), "-k must be at least 1"), "once live, once in the summary:\n%s", stderr)
 	assert.NotContains(t, stderr.String(), "Primary job", "mpirun's banner restates the failure")
 	for rank := range 4 {

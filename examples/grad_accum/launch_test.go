@@ -103,7 +103,8 @@ func TestLaunchCompressedGradients(t *testing.T) {
 	}
 }
 
-// buildLauncherAndDemo builds `accel` and the demo with the mpi engine, and returns their paths.
+// buildLauncherAndDemo builds `accel` and the demo with the mpi engine (accel's --check runs through it),
+// and returns their paths.
 func buildLauncherAndDemo(t *testing.T) (accelBin, demoBin string) {
 	t.Helper()
 	bin := t.TempDir()
@@ -115,7 +116,7 @@ func buildLauncherAndDemo(t *testing.T) (accelBin, demoBin string) {
 		require.NoError(t, err, "%s", output)
 		return filepath.Join(bin, out)
 	}
-	return build("accel", "./cmd/accel"), build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
+	return build("accel", "./cmd/accel", "-tags", "mpi"), build("grad_accum", "./examples/grad_accum", "-tags", "mpi")
 }
 
 // TestRankWithMissingDataEndsJob: when one process of a two-process job cannot load its data, the job ends

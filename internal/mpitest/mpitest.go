@@ -371,8 +371,13 @@ var (
 	buildDir    string
 )
 
-// testBinary returns a test binary of the current package that links the mpi engine: the running one when
-// it was built with -tags mpi, otherwise one built now (once per process).
+// Binary returns a test binary of the current package that links the mpi engine, for tests that start
+// their ranks with a launcher of their own (launch.Check, `accel launch`): the running one when it was
+// built with -tags mpi, otherwise one built now (once per process). Its ranks run the test named by
+// EnvTest in their environment.
+func Binary(t testing.TB) string { return testBinary(t) }
+
+// testBinary: see Binary.
 func testBinary(t testing.TB) string {
 	t.Helper()
 	if backends.EngineRegistered("mpi") {

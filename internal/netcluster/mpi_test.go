@@ -19,21 +19,24 @@ import (
 	_ "github.com/goaccel/goaccel/backends/mpi" // the ranks open the MPI engine
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/netcluster"
+	"github.com/goaccel/goaccel/launch"
 )
 
-// acrossHosts is a mpitest.Launcher that runs mpirun on host 0 of c with slots ranks per host, forwarding
-// goaccel's and GoMLX's variables (the ranks on other hosts get nothing else: the agent starts them in a
-// login environment).
+// acrossHosts is a mpitest.Launcher that runs mpirun on host 0 of c with slots ranks per host, as package
+// launch builds it for `accel launch --hosts … --launch-agent … --net …`: goaccel's and GoMLX's variables
+// are forwarded (the ranks on other hosts get nothing else: the agent starts them in a login environment).
 func acrossHosts(c *netcluster.Cluster, slots int) mpitest.Launcher {
 	return func(ctx context.Context, np int, binary string, args, env []string, stdout, stderr io.Writer) (*exec.Cmd, error) {
-		words := append(c.MPIRunArgs(slots), "--allow-run-as-root", "-np", strconv.Itoa(np))
-		for _, kv := range env {
-			name, _, _ := strings.Cut(kv, "=")
-			if strings.HasPrefix(name, "GOACCEL_") || strings.HasPrefix(name, "GOMLX_") {
-				words = append(words, "-x", name)
-			}
+		hosts := make([]launch.Host, len(c.Hosts))
+		for i, h := range c.Hosts {
+			hosts[i] = launch.Host{Name: h.Name, Slots: slots}
 		}
-		cmd := c.Command(ctx, 0, "mpirun", append(append(words, binary), args...)...)
+		argv, err := launch.Argv(np, binary, args, launch.WithHosts(hosts...), launch.WithLaunchAgent(c.Agent()),
+			launch.WithNetwork(c.Subnet.String()), launch.WithEnviron(env))
+		if err != nil {
+			return nil, err
+		}
+		cmd := c.Command(ctx, 0, argv[0], argv[1:]...)
 		cmd.Env, cmd.Stdout, cmd.Stderr = env, stdout, stderr
 		// Processes left on the other hosts may hold the output open after mpirun is killed; the
 		// cluster's Close kills them.

@@ -74,6 +74,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -383,6 +384,27 @@ func (c *Cluster) inNamespace(host int, fn func() error) error {
 	return <-done
 }
 
+// SetLink takes host's interface down (up false) or back up: the host's namespace and its processes stay,
+// but it reaches no other host, as a machine whose cable was pulled. Taking it down also removes its route
+// to the subnet, so connections from it fail at once (no route) rather than time out.
+func (c *Cluster) SetLink(host int, up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	h := c.Hosts[host]
+	return c.ip("-n", h.Namespace, "link", "set", h.Interface, state)
+}
+
+// Processes lists the processes running on host (in its network namespace), as `ip netns pids` does.
+func (c *Cluster) Processes(host int) ([]int, error) {
+	out, err := outputOf(c.tools.ip, "netns", "pids", c.Hosts[host].Namespace)
+	if err != nil {
+		return nil, err
+	}
+	return parsePids(out), nil
+}
+
 // LinkStats are the bytes a host's interface received and sent.
 type LinkStats struct{ RxBytes, TxBytes uint64 }
 
@@ -486,9 +508,13 @@ func namespacePids(t tools, ns string) []int {
 	if err != nil {
 		return nil
 	}
+	return slices.DeleteFunc(parsePids(out), func(pid int) bool { return pid == os.Getpid() })
+}
+
+func parsePids(out []byte) []int {
 	var pids []int
 	for _, f := range strings.Fields(string(out)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+		if pid, err := strconv.Atoi(f); err == nil {
 			pids = append(pids, pid)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,45 @@ func TestRateLimit(t *testing.T) {
 	throughput := float64(size) * 8 / elapsed.Seconds()
 	assert.Less(t, throughput, 1.5*rate, "16 MB took %s: %.0f Mbit/s through a 200 Mbit/s link", elapsed, throughput/1e6)
 	t.Logf("16 MB in %s: %.0f Mbit/s (limit 200)", elapsed, throughput/1e6)
+}
+
+// TestSetLinkAndProcesses: a host whose link is down keeps its processes (Processes lists them) but
+// reaches no other host, and reaches them again once the link is back up.
+func TestSetLinkAndProcesses(t *testing.T) {
+	c := netcluster.ForTest(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sleeper := c.Command(ctx, 1, "sleep", "60")
+	require.NoError(t, sleeper.Start())
+	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
+	// The command enters host 1's namespace after it starts (`ip netns exec` does it, then runs sleep).
+	assert.Eventually(t, func() bool {
+		pids, err := c.Processes(1)
+		return err == nil && slices.Contains(pids, sleeper.Process.Pid)
+	}, 30*time.Second, 10*time.Millisecond, "sleep (pid %d) runs on host 1", sleeper.Process.Pid)
+	pids, err := c.Processes(0)
+	require.NoError(t, err)
+	assert.NotContains(t, pids, sleeper.Process.Pid)
+
+	l, err := c.Listen(0, "tcp", net.JoinHostPort(c.Hosts[0].Addr.String(), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = conn.Close()
+		}
+	}()
+	require.NoError(t, c.SetLink(1, false))
+	_, err = c.DialContext(ctx, 1, "tcp", l.Addr().String())
+	assert.Error(t, err, "host 1's link is down")
+	require.NoError(t, c.SetLink(1, true))
+	conn, err := c.DialContext(ctx, 1, "tcp", l.Addr().String())
+	require.NoError(t, err, "host 1's link is up again")
+	_ = conn.Close()
 }
 
 // leftovers lists what of cluster id remains on the machine: namespaces, hosts files, UTS namespace

@@ -1,8 +1,13 @@
 package netcluster
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"testing"
+	"time"
 )
 
 // ForTest builds a cluster for t and removes it when t ends, whether it passed, failed or panicked. Where
@@ -36,4 +41,26 @@ func Require(t testing.TB) {
 		}
 		t.Skip(err)
 	}
+}
+
+// Run runs name with args on host as Command does, waits for it and returns its exit code and output. A
+// command that has not ended after limit is killed and fails t, as does one that cannot be started.
+func (c *Cluster) Run(t testing.TB, host int, limit time.Duration, name string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := c.Command(ctx, host, name, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	// Processes left on other hosts may hold the output open; the cluster's Close kills them.
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("netcluster: %s %q on host %d did not end within %s:\nstdout: %s\nstderr: %s", name, args, host, limit,
+			&out, &errOut)
+	}
+	if err != nil && !errors.As(err, new(*exec.ExitError)) {
+		t.Fatalf("netcluster: %s %q on host %d: %v\nstderr: %s", name, args, host, err, &errOut)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
 }
