@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,11 +17,11 @@ import (
 	"github.com/goaccel/goaccel/launch"
 )
 
-// TestMPIRunTwoProcesses: under a real `mpirun -np 2`, the unchanged program trains with gradients that
-// cross processes, both ranks end with bitwise-identical weights (the program checks its replicas before
-// evaluating, and fails otherwise), only the main process prints the summary, and the validation loss is
-// the one process's at the same global batch (2 × 4 windows against 1 × 8).
-func TestMPIRunTwoProcesses(t *testing.T) {
+// TestMPIRunSeveralProcesses: under a real mpirun of 2 and of 4 processes, the unchanged program trains
+// with gradients that cross processes, every rank ends with bitwise-identical weights (the program checks
+// its replicas before evaluating, and fails otherwise), only the main process prints the summary, and the
+// validation loss is the one process's at the same global batch (N × 8/N windows against 1 × 8).
+func TestMPIRunSeveralProcesses(t *testing.T) {
 	mpitest.RequireMPIRun(t)
 	bin := filepath.Join(t.TempDir(), "charlm")
 	build := exec.Command("go", "build", "-tags", "mpi", "-o", bin, "./examples/charlm")
@@ -35,24 +36,29 @@ func TestMPIRunTwoProcesses(t *testing.T) {
 	require.Equal(t, exitOK, code, "stderr: %s", stderr)
 	single := parseSummary(t, stdout)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var out, errOut bytes.Buffer
-	job, err := launch.Command(ctx, 2, bin, append([]string{"-batch", "4"}, common...),
-		launch.WithStdio(nil, &out, &errOut), launch.WithCPUs(2))
-	require.NoError(t, err)
-	require.NoError(t, job.Run(), "stdout: %s\nstderr: %s", out.String(), errOut.String())
-	double := parseSummary(t, out.String())
+	for _, processes := range []int{2, 4} {
+		t.Run(fmt.Sprintf("%d processes", processes), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			var out, errOut bytes.Buffer
+			job, err := launch.Command(ctx, processes, bin, append([]string{"-batch", fmt.Sprint(8 / processes)}, common...),
+				launch.WithStdio(nil, &out, &errOut), launch.WithCPUs(2))
+			require.NoError(t, err)
+			require.NoError(t, job.Run(), "stdout: %s\nstderr: %s", out.String(), errOut.String())
+			several := parseSummary(t, out.String())
 
-	assert.Equal(t, 1, strings.Count(out.String(), `{"rank":`), "one summary line, from the main process:\n%s", out.String())
-	assert.Equal(t, 0, double.Rank)
-	assert.Equal(t, 2, double.WorldSize)
-	assert.Equal(t, single.GlobalBatch, double.GlobalBatch)
-	assert.Equal(t, single.Steps, double.Steps)
-	assert.Equal(t, single.TrainExamples, double.TrainExamples, "the tokens of both processes count")
-	assert.Positive(t, double.CollectiveCalls, "two processes must exchange gradients")
-	// The same job cut differently: float32 sums in another order, nothing more.
-	assert.InDelta(t, float64(single.ValidationLoss), float64(double.ValidationLoss), 0.02,
-		"1 process: %.4f, 2 processes: %.4f", single.ValidationLoss, double.ValidationLoss)
-	t.Logf("validation loss: 1 process %.4f, 2 processes %.4f", single.ValidationLoss, double.ValidationLoss)
+			assert.Equal(t, 1, strings.Count(out.String(), `{"rank":`), "one summary line, from the main process:\n%s", out.String())
+			assert.Equal(t, 0, several.Rank)
+			assert.Equal(t, processes, several.WorldSize)
+			assert.Equal(t, single.GlobalBatch, several.GlobalBatch)
+			assert.Equal(t, single.Steps, several.Steps)
+			assert.Equal(t, single.TrainExamples, several.TrainExamples, "the tokens of every process count")
+			assert.Positive(t, several.CollectiveCalls, "the processes must exchange gradients")
+			// The same job cut differently: float32 sums in another order, nothing more.
+			assert.InDelta(t, float64(single.ValidationLoss), float64(several.ValidationLoss), 0.02,
+				"1 process: %.4f, %d processes: %.4f", single.ValidationLoss, processes, several.ValidationLoss)
+			t.Logf("validation loss: 1 process %.4f, %d processes %.4f", single.ValidationLoss, processes,
+				several.ValidationLoss)
+		})
+	}
 }
