@@ -236,8 +236,9 @@ func (d *driver) measureNetwork(ctx context.Context) (_ []networkResult, skipped
 		return nil, "", nil
 	}
 	if d.hosts != nil {
-		d.progressf("network: on %s, one process each\n", d.hosts.describe())
-		r, err := d.measureNetworkOn(ctx, d.hosts.onePerHost(), networkResult{Hosts: d.hosts.describe()})
+		hosts := d.hosts.onePerHost()
+		d.progressf("network: on %s\n", hosts.describe())
+		r, err := d.measureNetworkOn(ctx, hosts, networkResult{Hosts: hosts.describe()})
 		return []networkResult{r}, "", err
 	}
 	if err := clustersAvailable(); err != nil {

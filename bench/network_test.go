@@ -64,7 +64,7 @@ esac`
 // plumbingDriver is a driver whose network section runs across the hosts h0 and h1 with the stand-ins.
 func plumbingDriver(t *testing.T, s standIns) (*driver, *bytes.Buffer) {
 	t.Helper()
-	hosts, err := parseHostSet("h0:1,h1:1", s.agent, "10.9.0.0/24")
+	hosts, err := parseHostSet("h0:2,h1:2", s.agent, "10.9.0.0/24")
 	require.NoError(t, err)
 	hosts.launchOptions = []launch.Option{launch.WithMPIRun(s.mpirun), launch.WithFlavor(launch.OpenMPI)}
 	p := quickPlan()
@@ -100,7 +100,7 @@ func TestNetworkPlumbing(t *testing.T) {
 	require.Len(t, out, 1, "the hosts' network, as it is: one rate")
 	res := out[0]
 	assert.False(t, res.Emulated)
-	assert.Equal(t, "h0:1, h1:1", res.Hosts)
+	assert.Equal(t, "h0:1, h1:1", res.Hosts, "one process per host, whatever their slots")
 	assert.Zero(t, res.LinkBits, "no link check on hosts accelbench did not build")
 	assert.Equal(t, []networkSyncResult{sync}, res.Sync)
 	require.Len(t, res.Runs, 2)

@@ -114,7 +114,7 @@ func fullPlan() plan {
 	}
 }
 
-// networkJob is section 6 as `make bench` runs it, about five minutes on a two-core machine: the 1024-wide
+// networkJob is section 6 as `make bench` runs it, about four minutes on a two-core machine: the 1024-wide
 // MLP (3.2 MB per sync) and the CNN on 2 hosts at three rates, each run on a few thousand examples.
 func networkJob() networkPlan {
 	models := []networkModel{{Name: "mlp", Hidden: 1024, Limit: 24576}, {Name: "cnn", Hidden: 128, Limit: 12288}}
