@@ -55,8 +55,9 @@ test: deps deps-torch deps-iproute2 vet
 	$(GO) test -count=1 -timeout 10m -race -tags $(MPI_TAGS) ./backends/ ./backends/enginetest/ ./backends/mpi/
 
 # Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch DDP, side by side, and writes
-# docs/benchmarks.md: about fifteen minutes on 2 cores once the demo's CNN meets its goals (its five-epoch
-# wall time is one of the measurements: every minute it takes over 90 s adds to the run). Raw samples in
+# docs/benchmarks.md: about twenty minutes on 2 cores once the demo's CNN meets its goals (its five-epoch
+# wall time is one of the measurements: every minute it takes over 90 s adds to the run). Section 6 builds
+# emulated clusters of hosts (network namespaces): run as root, or the page says it was not measured. Raw samples in
 # benchstat format: bin/bench.txt; results: bin/bench.json (`bin/accelbench -render bin/bench.json`
 # re-renders the page). A redirect, not a pipe, so make fails when the bench does. grad_accum_purego is the
 # demo without the blas tag, for the pure-Go CNN rows; grad_accum_purego_0.2.0 the same demo of release

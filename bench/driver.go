@@ -1,13 +1,14 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+	"os/exec"
 	"runtime"
 	"time"
 
@@ -30,12 +31,18 @@ type results struct {
 	Transformer  []transformerResult
 	PureGoCNN    []pureGoResult
 	Demo         *demoResult `json:",omitempty"`
+	Network      []networkResult
+	// NetworkSkipped says why section 6, though planned, was not measured ("": it was, or was not planned).
+	NetworkSkipped string `json:",omitempty"`
+	// NetworkSync is what a network rank job measured (its results land in Network).
+	NetworkSync []networkSyncResult `json:",omitempty"`
 }
 
 // rankJob is what the driver hands the ranks of one mpirun job.
 type rankJob struct {
-	Plan   plan
-	Result string // the file rank 0 writes its results to
+	Plan plan
+	// Network, when set, makes the job measure section 6's gradient syncs instead of sections 1, 2 and 3.
+	Network *networkSyncJob `json:",omitempty"`
 }
 
 // driver runs the benchmarks: the multi-process measurements as mpirun jobs of exe, the rest in this
@@ -49,6 +56,9 @@ type driver struct {
 	endToEnd            endToEndSetup
 	transformer         transformerSetup
 	dir                 string // scratch files of this run
+	// hosts are the -hosts the MPI jobs and section 6 run across; nil: this machine (and section 6 on
+	// emulated clusters).
+	hosts *hostSet
 }
 
 func (d *driver) run(ctx context.Context) (*results, error) {
@@ -97,6 +107,9 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 	if res.Demo, err = d.measureDemo(ctx); err != nil {
 		return nil, err
 	}
+	if res.Network, res.NetworkSkipped, err = d.measureNetwork(ctx); err != nil {
+		return nil, err
+	}
 	res.Finished = time.Now()
 	res.Machine.LoadAfter = loadAverage()
 	return res, nil
@@ -106,13 +119,13 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) error {
 	p := d.plan
 	var err error
-	if len(p.EndToEnd.Models) > 0 || p.Demo.Runs > 0 {
+	if len(p.EndToEnd.Models) > 0 || p.Demo.Runs > 0 || len(p.Network.Rates) > 0 {
 		if _, err := os.Stat(d.endToEnd.demo); err != nil {
-			return fmt.Errorf("the e2e and demo sections run the demo: %w (build it with `go build -tags mpi,blas -o %s "+
+			return fmt.Errorf("the e2e, demo and network sections run the demo: %w (build it with `go build -tags mpi,blas -o %s "+
 				"./examples/grad_accum`, or leave them out of -only)", err, d.endToEnd.demo)
 		}
 	}
-	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 {
+	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 || len(p.Network.Rates) > 0 {
 		if res.Machine.PyTorch, err = d.endToEnd.checkPyTorch(ctx); err != nil {
 			return err
 		}
@@ -146,34 +159,11 @@ func (d *driver) emit(all ...series) {
 	}
 }
 
-// runJob runs one mpirun job of n ranks and returns rank 0's results.
+// runJob runs one mpirun job of n ranks for sections 1, 2 and 3 and returns rank 0's results.
 func (d *driver) runJob(ctx context.Context, n int) (*results, error) {
 	d.progressf("mpirun -np %d: all-reduce, bucketing, accumulation\n", n)
-	job := rankJob{Plan: d.plan, Result: filepath.Join(d.dir, fmt.Sprintf("ranks-%d.json", n))}
-	data, err := json.Marshal(job)
+	r, err := d.runRanks(ctx, n, d.hosts, rankJob{Plan: d.plan})
 	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
-	defer cancel()
-	cmd, err := launch.Command(ctx, n, d.exe, []string{"-" + rankJobFlag, string(data)},
-		launch.WithStdio(nil, d.progress, d.progress))
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("mpirun -np %d did not finish within %s", n, d.plan.JobTimeout)
-		}
-		return nil, fmt.Errorf("mpirun -np %d (%s): %w", n, launch.String(cmd.Args), err)
-	}
-	d.progressf("mpirun -np %d finished in %s\n", n, time.Since(start).Round(time.Second))
-	var r results
-	if data, err = os.ReadFile(job.Result); err != nil {
-		return nil, fmt.Errorf("rank 0 of mpirun -np %d left no results: %w", n, err)
-	}
-	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, err
 	}
 	for _, a := range r.AllReduce {
@@ -188,6 +178,47 @@ func (d *driver) runJob(ctx context.Context, n int) (*results, error) {
 	for _, a := range r.Accumulation {
 		d.emit(a.Accumulate, a.SyncEveryMicroBatch, a.SyncEachBatch)
 	}
+	return r, nil
+}
+
+// runRanks starts this binary as the n ranks of an mpirun job, on this machine or across hosts, and returns
+// the results rank 0 writes to its standard output.
+func (d *driver) runRanks(ctx context.Context, n int, hosts *hostSet, job rankJob) (*results, error) {
+	data, err := json.Marshal(job)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
+	defer cancel()
+	args := []string{"-" + rankJobFlag, string(data)}
+	var cmd *exec.Cmd
+	if hosts != nil {
+		cmd, err = hosts.mpirun(ctx, n, d.exe, args, os.Environ())
+	} else {
+		cmd, err = launch.Command(ctx, n, d.exe, args)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, d.progress
+	start := time.Now()
+	err = cmd.Run()
+	line, found := resultsLine(stdout.Bytes(), d.progress)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("mpirun -np %d did not finish within %s", n, d.plan.JobTimeout)
+		}
+		return nil, fmt.Errorf("mpirun -np %d (%s): %w", n, launch.String(cmd.Args), err)
+	}
+	d.progressf("mpirun -np %d finished in %s\n", n, time.Since(start).Round(time.Second))
+	if !found {
+		return nil, fmt.Errorf("rank 0 of mpirun -np %d wrote no results (%s)", n, launch.String(cmd.Args))
+	}
+	var r results
+	if err := json.Unmarshal(line, &r); err != nil {
+		return nil, fmt.Errorf("rank 0's results: %w", err)
+	}
 	return &r, nil
 }
 
@@ -196,8 +227,9 @@ func (d *driver) runJob(ctx context.Context, n int) (*results, error) {
 const rankJobFlag = "rank-job"
 
 // runRankJob is the work of one rank of an mpirun job: it opens goaccel's mpi engine and the plain-MPI
-// reference, measures, and on rank 0 writes the results. Rank 0's progress goes to w.
-func runRankJob(arg string, w io.Writer) (err error) {
+// reference, measures, and rank 0 writes the results to stdout, on a line of their own. Rank 0's progress
+// goes to w.
+func runRankJob(arg string, stdout, w io.Writer) (err error) {
 	var job rankJob
 	if err := json.Unmarshal([]byte(arg), &job); err != nil {
 		return fmt.Errorf("bench: -%s: %w", rankJobFlag, err)
@@ -235,6 +267,13 @@ func runRankJob(arg string, w io.Writer) (err error) {
 	}
 	p := job.Plan
 	var res results
+	if job.Network != nil {
+		logf("network (%s): gradient syncs of %d models\n", job.Network.Label, len(job.Network.Layouts))
+		if res.NetworkSync, err = measureNetworkSync(comm, raw.barrier, *job.Network); err != nil {
+			return err
+		}
+		return writeResultsLine(stdout, topo.Rank, res)
+	}
 	logf("all-reduce, %d sizes\n", len(p.AllReduceSizes))
 	if res.AllReduce, err = measureAllReduce(comm, raw, p.AllReduceSizes, p.AllReduceTiming); err != nil {
 		return err
@@ -253,10 +292,20 @@ func runRankJob(arg string, w io.Writer) (err error) {
 		}
 		res.Accumulation = append(res.Accumulation, a)
 	}
-	if topo.Rank != 0 {
+	return writeResultsLine(stdout, topo.Rank, res)
+}
+
+// writeResultsLine writes rank 0's results, as one line that the driver finds in mpirun's output.
+func writeResultsLine(stdout io.Writer, rank int, res results) error {
+	if rank != 0 {
 		return nil
 	}
-	return writeJSON(job.Result, res)
+	data, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s%s\n", resultsLinePrefix, data)
+	return err
 }
 
 // writeJSON writes v to path through a rename, so that no reader ever sees half a file.

@@ -8,7 +8,13 @@
 //   - a big MLP's training step under three compute configurations, each in a child process;
 //   - the grad_accum demo's job against PyTorch DDP, end to end;
 //   - examples/charlm's transformer against its PyTorch twin, end to end;
-//   - the demo's CNN without BLAS under each convolution lowering, and the demo's five-epoch wall time.
+//   - the demo's CNN without BLAS under each convolution lowering, and the demo's five-epoch wall time;
+//   - the demo's job against PyTorch DDP and gradient syncs alone across hosts joined by a network, one
+//     process per host, at several link rates: on emulated clusters (network namespaces) it builds itself
+//     (root), or on the hosts of -hosts.
+//
+// With -hosts (and -launch-agent, -net) the mpirun jobs run across those hosts, their mpirun lines built by
+// package launch as `accel launch --hosts` builds them.
 //
 // Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike.
 // Results are benchstat lines on standard output, a JSON file on request, and the Markdown report.
@@ -42,6 +48,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("only", allSections(), "measure only these comma-separated `sections`")
 	ranks := fs.String("ranks", "", "comma-separated world sizes of the MPI measurements (default 2,4; -quick: 2)")
 	limit := fs.Int("limit", -1, "training examples of the end-to-end runs (0: all; default all, -quick: 512)")
+	hostList := fs.String("hosts", "", "run the MPI sections and the network section across these hosts, "+
+		"`NAME[:SLOTS],...`, with accelbench at the same path on each; mpirun starts here (default: this machine, "+
+		"and the network section on emulated clusters)")
+	agent := fs.String("launch-agent", "", "with -hosts: the `COMMAND` that runs a command on another host, as "+
+		"`COMMAND HOST WORDS...` (default ssh)")
+	network := fs.String("net", "", "with -hosts: the network of MPI's traffic (and gloo's), a subnet or interface `NAME`s")
 	var setup endToEndSetup
 	fs.StringVar(&setup.demo, "demo", "bin/grad_accum", "the grad_accum demo, built with -tags mpi")
 	fs.StringVar(&setup.python, "python", "/usr/bin/python3", "the Python with PyTorch")
@@ -66,7 +78,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case *rankJob != "":
-		if err := runRankJob(*rankJob, stderr); err != nil {
+		if err := runRankJob(*rankJob, stdout, stderr); err != nil {
 			return fail(err)
 		}
 		return 0
@@ -95,12 +107,34 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "accelbench: -only: %v\n", err)
 		return 2
 	}
+	hosts, err := parseHostSet(*hostList, *agent, *network)
+	if err != nil {
+		fmt.Fprintf(stderr, "accelbench: -hosts: %v\n", err)
+		return 2
+	}
+	if hosts != nil && len(p.Ranks) > 0 {
+		// One job with a process per slot, unless -ranks asks for others.
+		if hosts.slots() < 2 {
+			fmt.Fprintf(stderr, "accelbench: -hosts %s: the MPI sections need at least 2 slots\n", *hostList)
+			return 2
+		}
+		p.Ranks = []int{hosts.slots()}
+	}
+	if hosts != nil && len(p.Network.Rates) > 0 && len(hosts.hosts) < 2 {
+		fmt.Fprintf(stderr, "accelbench: -hosts %s: the network section needs at least 2 hosts\n", *hostList)
+		return 2
+	}
 	if *ranks != "" && len(p.Ranks) > 0 {
 		p.Ranks = nil
 		for _, s := range strings.Split(*ranks, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(s))
 			if err != nil || n < 2 {
 				fmt.Fprintf(stderr, "accelbench: -ranks: %q is not a world size of at least 2\n", s)
+				return 2
+			}
+			if hosts != nil && n > hosts.slots() {
+				fmt.Fprintf(stderr, "accelbench: -ranks: %d processes do not fit the %d slots of -hosts %s\n", n,
+					hosts.slots(), *hostList)
 				return 2
 			}
 			p.Ranks = append(p.Ranks, n)
@@ -118,7 +152,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if lm.corpus == "" {
 		lm.corpus = defaultCorpus()
 	}
-	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup, transformer: lm}
+	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup, transformer: lm, hosts: hosts}
 	res, err := d.run(ctx)
 	if err != nil {
 		return fail(err)

@@ -26,14 +26,37 @@ func buildWithMPI(ctx context.Context, t *testing.T, dir, pkg string) string {
 	return exe
 }
 
+// buildForTraining builds accelbench and the demo for a quick run that trains against PyTorch, with a
+// context that bounds the test; it skips t (fails it with CI=true) without PyTorch or MPI, and in -short.
+func buildForTraining(t *testing.T) (context.Context, string, string) {
+	t.Helper()
+	requirePyTorch(t)
+	mpitest.RequireMPIRun(t)
+	if testing.Short() {
+		t.Skip("builds binaries and trains")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	t.Cleanup(cancel)
+	dir := t.TempDir()
+	return ctx, buildWithMPI(ctx, t, dir, "./cmd/accelbench"), buildWithMPI(ctx, t, dir, "../examples/grad_accum")
+}
+
 // runQuick runs accelbench -quick with args and returns its standard output (benchstat lines), the report
 // and the results.
 func runQuick(ctx context.Context, t *testing.T, exe string, args ...string) (string, string, results) {
 	t.Helper()
+	return runQuickWith(t, func(quick []string) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, append(quick, args...)...)
+	})
+}
+
+// runQuickWith is runQuick with the command made by command from accelbench's arguments.
+func runQuickWith(t *testing.T, command func(args []string) *exec.Cmd) (string, string, results) {
+	t.Helper()
 	dir := t.TempDir()
 	report, saved := filepath.Join(dir, "benchmarks.md"), filepath.Join(dir, "results.json")
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, exe, append([]string{"-quick", "-out", report, "-json", saved}, args...)...)
+	cmd := command([]string{"-quick", "-out", report, "-json", saved})
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Run(), "accelbench -quick:\n%s", stderr.String())
 	md, err := os.ReadFile(report)
@@ -99,23 +122,7 @@ func TestQuick(t *testing.T) {
 // TestQuickEndToEnd runs the end-to-end section on a few hundred examples: the demo on 1 and 2 processes
 // and the PyTorch script, the same way `make bench` runs them.
 func TestQuickEndToEnd(t *testing.T) {
-	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
-		msg := "PyTorch is not installed (apt-get install python3-torch, or `make deps-torch`): the comparison " +
-			"with PyTorch DDP is not tested"
-		if os.Getenv("CI") == "true" { // `make test` installs it: CI must run this test.
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	mpitest.RequireMPIRun(t)
-	if testing.Short() {
-		t.Skip("builds binaries and trains")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	dir := t.TempDir()
-	exe := buildWithMPI(ctx, t, dir, "./cmd/accelbench")
-	demo := buildWithMPI(ctx, t, dir, "../examples/grad_accum")
+	ctx, exe, demo := buildForTraining(t)
 	stdout, md, res := runQuick(ctx, t, exe, "-only", "e2e", "-demo", demo, "-limit", "256")
 
 	assert.Contains(t, stdout, "BenchmarkEndToEnd/model=mlp/impl=pytorch/procs=2 ")
@@ -150,7 +157,12 @@ func TestBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"-ranks", "1"}, "world size of at least 2"},
-		{[]string{"-only", "mpi,gpu"}, `unknown section "gpu" (want some of compute,demo,e2e,mpi,overhead,purego,transformer)`},
+		{[]string{"-only", "mpi,gpu"}, `unknown section "gpu" (want some of compute,demo,e2e,mpi,network,overhead,purego,transformer)`},
+		{[]string{"-net", "eth0"}, "-launch-agent and -net describe the hosts of -hosts, which is not given"},
+		{[]string{"-hosts", "a:x"}, `slots must be a whole number of at least 1, got "x"`},
+		{[]string{"-hosts", "a:1", "-only", "mpi"}, "-hosts a:1: the MPI sections need at least 2 slots"},
+		{[]string{"-hosts", "a:2", "-only", "network"}, "-hosts a:2: the network section needs at least 2 hosts"},
+		{[]string{"-hosts", "a,b", "-ranks", "4"}, "-ranks: 4 processes do not fit the 2 slots of -hosts a,b"},
 		{[]string{"-no-such-flag"}, "flag provided but not defined"},
 	}
 	for _, tt := range tests {

@@ -52,9 +52,12 @@ func (m mlp) params() []accumulate.Param {
 }
 
 // bytes is the size of all parameters, and so of one full set of float32 gradients.
-func (m mlp) bytes() int64 {
+func (m mlp) bytes() int64 { return paramBytes(m.params()) }
+
+// paramBytes is the size of params.
+func paramBytes(params []accumulate.Param) int64 {
 	var n int64
-	for _, p := range m.params() {
+	for _, p := range params {
 		n += int64(p.Shape.Memory())
 	}
 	return n

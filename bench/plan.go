@@ -36,6 +36,7 @@ type plan struct {
 	Transformer transformerPlan
 	PureGoCNN   pureGoPlan
 	Demo        demoPlan
+	Network     networkPlan
 
 	// JobTimeout bounds each mpirun job and each child process.
 	JobTimeout time.Duration
@@ -108,8 +109,37 @@ func fullPlan() plan {
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 8192,
 			Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
+		Network:    networkJob(),
 		JobTimeout: 10 * time.Minute,
 	}
+}
+
+// networkJob is section 6 as `make bench` runs it, about four minutes on a two-core machine: the 1024-wide
+// MLP (3.2 MB per sync) and the CNN on 2 hosts at three rates, each run on a few thousand examples.
+func networkJob() networkPlan {
+	models := []networkModel{{Name: "mlp", Hidden: 1024, Limit: 24576}, {Name: "cnn", Hidden: 128, Limit: 12288}}
+	p := networkPlan{Rates: []int64{0, 10_000_000_000, 1_000_000_000}, Hosts: 2, Models: models, Ks: []int{4, 1},
+		Batch: 64, Epochs: 1, LR: 0.002, Seed: 42, Rounds: 1,
+		// Half-second samples: only a sample's first sync can start on a full token bucket (see
+		// docs/benchmarks-method.md), so it must be one of many.
+		SyncTiming: timing{Samples: 9, SampleTime: 500 * time.Millisecond, MinIters: 1, MaxIters: 100},
+		LinkCheck:  time.Second}
+	p.Syncs = networkSyncs(models, deepMLP())
+	return p
+}
+
+// networkSyncs are the gradients section 6 syncs alone: each end-to-end model's, and more.
+func networkSyncs(models []networkModel, more ...mlp) []gradientLayout {
+	var layouts []gradientLayout
+	for _, m := range models {
+		layouts = append(layouts, m.layout())
+	}
+	for _, m := range more {
+		l := m.layout()
+		l.Slug = fmt.Sprintf("mlp-%dlayers", len(m.Hidden)+1)
+		layouts = append(layouts, l)
+	}
+	return layouts
 }
 
 // quickPlan measures everything once with tiny sizes.
@@ -140,8 +170,19 @@ func quickPlan() plan {
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 256,
 			Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
+		Network:    quickNetwork(),
 		JobTimeout: 3 * time.Minute,
 	}
+}
+
+// quickNetwork is section 6 on a real emulated cluster, unthrottled and throttled, with a tiny MLP.
+func quickNetwork() networkPlan {
+	models := []networkModel{{Name: "mlp", Hidden: 32, Limit: 512}}
+	p := networkPlan{Rates: []int64{0, 1_000_000_000}, Hosts: 2, Models: models, Ks: []int{2}, Batch: 64, Epochs: 1,
+		LR: 0.002, Seed: 42, Rounds: 1, SyncTiming: timing{Samples: 3, SampleTime: time.Millisecond, MinIters: 1, MaxIters: 3},
+		LinkCheck: 200 * time.Millisecond}
+	p.Syncs = networkSyncs(models)
+	return p
 }
 
 // sections are what -only chooses from, each with what leaving it out clears from a plan.
@@ -156,6 +197,8 @@ var sections = map[string]func(*plan){
 	"purego": func(p *plan) { p.PureGoCNN.Rounds = 0 },
 	// The demo's wall time.
 	"demo": func(p *plan) { p.Demo.Runs = 0 },
+	// Section 6: end to end and syncs across hosts, at several link rates.
+	"network": func(p *plan) { p.Network.Rates = nil },
 }
 
 // withRounds is a transformer job run rounds times on each process count.

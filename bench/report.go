@@ -46,7 +46,7 @@ const methodDoc = "benchmarks-method.md"
 func report(res *results) string {
 	r := &reporter{res: res}
 	for _, section := range []func(){r.header, r.summary, r.endToEnd, r.transformer, r.pureGo, r.demo, r.compute, r.allReduce, r.bucketing,
-		r.accumulation, r.overhead, r.overlap} {
+		r.accumulation, r.overhead, r.overlap, r.network} {
 		section()
 	}
 	return r.b.String()
@@ -219,7 +219,8 @@ func goals(res *results) []*goal {
 		q := ratio(o.GoMLX, o.Goaccel)
 		overhead.judge(q <= goalOverhead, "%s: %.3f×", o.Config.Model.shortName(), q)
 	}
-	return []*goal{mlp1, mlpN, cnn, accuracy, tokens, loss, demo, pureGo, memory, speed, allReduce, perTensor, flat, speedup, calls, overhead}
+	return append([]*goal{mlp1, mlpN, cnn, accuracy, tokens, loss, demo, pureGo, memory, speed, allReduce, perTensor, flat,
+		speedup, calls, overhead}, networkGoals(res)...)
 }
 
 func (r *reporter) summary() {
@@ -237,6 +238,9 @@ func (r *reporter) summary() {
 	}
 	r.table([]string{"Measurement", "Goal", "Measured", "Met"}, rows)
 	r.p("Goals are judged on medians. Section 5 (overlap) has no goal.\n\n")
+	if r.res.NetworkSkipped != "" {
+		r.p("> Section 6 (on a network) was not measured: %s.\n\n", r.res.NetworkSkipped)
+	}
 }
 
 // --- End to end ---

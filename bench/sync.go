@@ -113,8 +113,8 @@ func measureSync(comm *backends.Communicator, barrier func() error, m mlp, capsB
 }
 
 // reducerLoop syncs the buckets with goaccel's Reducer, as a training step does.
-func reducerLoop(comm *backends.Communicator, set *bucketSet) func(int) error {
-	r := accumulate.NewReducer(comm, set.plan)
+func reducerLoop(comm *backends.Communicator, set *bucketSet, opts ...accumulate.ReducerOption) func(int) error {
+	r := accumulate.NewReducer(comm, set.plan, opts...)
 	return func(iters int) error {
 		for range iters {
 			if err := r.Sync(set.tensors); err != nil {

@@ -2,22 +2,33 @@
 """Trains the grad_accum demo's job on Fashion-MNIST with PyTorch, as the reference accelbench compares
 goaccel with: the same model, Adam learning rate, per-process batch, gradient accumulation and epochs.
 
-Several processes train with DistributedDataParallel over gloo on this machine; accumulation skips the
-all-reduce of the first k-1 micro-batches with no_sync() and scales each micro-batch's loss by 1/k, the
-usual DDP recipe. One process trains the plain module: no DDP wrapper, nothing to synchronise.
+Several processes train with DistributedDataParallel over gloo; accumulation skips the all-reduce of the
+first k-1 micro-batches with no_sync() and scales each micro-batch's loss by 1/k, the usual DDP recipe. One
+process trains the plain module: no DDP wrapper, nothing to synchronise.
+
+On one machine, --procs N starts the N processes itself (torch.multiprocessing, gloo over the loopback
+interface). On several hosts, start one process per host with --rank R --world N and the address of rank 0's
+host (--master-addr, --master-port), and name the network gloo uses: --ifname (an interface) or --subnet (the
+interface whose IPv4 address is in it). The script reads nothing else from its environment, so it can be
+started through ssh or a launch agent, even from standard input (`python3 - ARGS < fashion_ddp.py`).
 
 The last line on standard output is one JSON object with the fields the demo's summary line has
 (train_seconds, examples_per_second, test_accuracy, ...). Training time excludes data loading and test
 evaluation. No network access: the IDX files are read from --data with gzip and numpy.
 
     /usr/bin/python3 bench/pytorch/fashion_ddp.py --procs 2 --model mlp --epochs 1
+    /usr/bin/python3 bench/pytorch/fashion_ddp.py --rank 1 --world 2 --master-addr 10.0.0.1 --ifname eth0
 """
 
 import argparse
+import datetime
+import fcntl
 import gzip
+import ipaddress
 import json
 import os
 import socket
+import struct
 import sys
 import time
 
@@ -29,9 +40,18 @@ PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--procs", type=int, default=1, help="processes (DDP over gloo when more than 1)")
+    p.add_argument("--procs", type=int, default=1,
+                   help="processes on this machine, started by the script (DDP over gloo when more than 1)")
+    p.add_argument("--rank", type=int, default=-1, help="with --world: this process's rank, the others started elsewhere")
+    p.add_argument("--world", type=int, default=0, help="processes of a job started one by one (on several hosts)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="with --world: the address of rank 0's host")
+    p.add_argument("--master-port", type=int, default=29500, help="with --world: the port rank 0 listens on")
+    p.add_argument("--ifname", default="", help="with --world: the network interface gloo uses (GLOO_SOCKET_IFNAME)")
+    p.add_argument("--subnet", default="", help="with --world: use the interface whose IPv4 address is in this subnet")
+    p.add_argument("--timeout", type=float, default=300,
+                   help="seconds a process waits for the others to join or answer before it fails")
     p.add_argument("--threads", type=int, default=0,
-                   help="compute threads per process (0: the machine's cores divided by --procs)")
+                   help="compute threads per process (0: the machine's cores divided by the processes on it)")
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=64, help="batch size per process")
@@ -44,9 +64,35 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.procs < 1 or args.batch < 1 or args.k < 1 or args.epochs < 1:
         p.error("--procs, --batch, --k and --epochs must be at least 1")
+    local = args.procs
+    if args.world > 0 or args.rank >= 0:
+        if args.procs != 1:
+            p.error("--procs starts processes on this machine; with --rank and --world they are started elsewhere")
+        if not 0 <= args.rank < args.world:
+            p.error(f"--rank {args.rank} is not a rank of --world {args.world}")
+        if args.ifname and args.subnet:
+            p.error("--ifname and --subnet both name gloo's network: give one")
+        args.procs = args.world
+    else:
+        args.rank = -1
     if args.threads <= 0:
-        args.threads = max(1, len(os.sched_getaffinity(0)) // args.procs)
+        args.threads = max(1, len(os.sched_getaffinity(0)) // local)
     return args
+
+
+def interface_in(subnet):
+    """The name of this host's interface with an IPv4 address in subnet (SIOCGIFADDR on each interface)."""
+    net = ipaddress.ip_network(subnet, strict=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                addr = ipaddress.ip_address(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
+            except OSError:
+                continue  # no IPv4 address
+            if addr in net:
+                return name
+    raise SystemExit(f"fashion_ddp.py: no interface of this host has an address in {subnet}")
 
 
 def limit_threads(threads):
@@ -106,7 +152,8 @@ def shard(n, epoch, rank, procs, seed):
     return perm[rank::procs][:per_rank]
 
 
-def worker(rank, args, port, results):
+def worker(rank, args, master, results):
+    """One process of the job. master is (address, port, interface) of the process group."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -115,8 +162,12 @@ def worker(rank, args, port, results):
     torch.set_num_interop_threads(1)
     distributed = args.procs > 1
     if distributed:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-        dist.init_process_group("gloo", rank=rank, world_size=args.procs)
+        addr, port, ifname = master
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        dist.init_process_group("gloo", rank=rank, world_size=args.procs,
+                                timeout=datetime.timedelta(seconds=args.timeout))
     torch.manual_seed(args.seed)
     x_train, y_train = load(args.data, "train", args.limit)
     x_test, y_test = load(args.data, "test")
@@ -132,6 +183,7 @@ def worker(rank, args, port, results):
     if distributed:
         dist.barrier()
     start = time.perf_counter()
+    steps = 0
     for epoch in range(args.epochs):
         idx = shards[epoch]
         n_batches = (len(idx) + args.batch - 1) // args.batch
@@ -153,6 +205,7 @@ def worker(rank, args, port, results):
             if step:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                steps += 1
             loss_sum += loss.item()
             batches += 1
     if distributed:
@@ -179,7 +232,8 @@ def worker(rank, args, port, results):
     examples = len(y_train) * args.epochs
     summary = dict(impl="pytorch", torch=torch.__version__, model=args.model, parameters=parameters,
                    world_size=args.procs, threads_per_process=args.threads, epochs=args.epochs,
-                   batch_size=args.batch, accumulation_steps=args.k, train_examples=len(y_train),
+                   batch_size=args.batch, accumulation_steps=args.k, optimizer_steps=steps,
+                   train_examples=len(y_train),
                    train_seconds=round(train_seconds, 6), examples_per_second=examples / train_seconds,
                    test_accuracy=correct / len(y_test), final_loss=loss_sum / max(batches, 1))
     if results is not None:
@@ -197,14 +251,18 @@ def free_port():
 def main(argv):
     args = parse_args(argv)
     limit_threads(args.threads)
+    if args.rank >= 0:
+        ifname = interface_in(args.subnet) if args.subnet else args.ifname
+        worker(args.rank, args, (args.master_addr, args.master_port, ifname), None)
+        return 0
     if args.procs == 1:
-        worker(0, args, 0, None)
+        worker(0, args, None, None)
         return 0
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(args, free_port(), results), nprocs=args.procs, join=True,
+    mp.start_processes(worker, args=(args, ("127.0.0.1", free_port(), "lo"), results), nprocs=args.procs, join=True,
                        start_method="spawn")
     print(json.dumps(results.get()), flush=True)
     return 0

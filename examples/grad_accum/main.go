@@ -256,7 +256,7 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	}
 	// Everything after this point talks to the other ranks only for metrics, so the counters reported are
 	// the training's alone.
-	stats := acc.Stats()
+	stats, microBatchCompute := acc.Stats(), res.model.ComputeTime()
 
 	finalLoss, err := res.globalLastEpochLoss(acc)
 	if err != nil {
@@ -292,7 +292,7 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	if !acc.IsMainProcess() {
 		return diverged
 	}
-	s := newSummary(acc, cfg, stats, trainSet.Len(), accuracy, res.best.accuracy, finalLoss, trainTime, time.Since(start))
+	s := newSummary(acc, cfg, stats, microBatchCompute, trainSet.Len(), accuracy, res.best.accuracy, finalLoss, trainTime, time.Since(start))
 	if err := s.write(stdout); err != nil {
 		return err
 	}

@@ -65,7 +65,7 @@ func lastLine(s string) string {
 var summaryKeys = []string{"goaccel_version",
 	"rank", "world_size", "epochs", "batch_size", "accumulation_steps", "global_batch", "optimizer_steps", "syncs",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
-	"train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",
+	"micro_batch_compute_seconds", "train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",
 	"examples_per_second", "seconds",
 }
 
@@ -133,6 +133,9 @@ func TestSummaryMatchesAccumulation(t *testing.T) {
 			assert.True(t, loss > 0 && !math.IsInf(loss, 0) && !math.IsNaN(loss), "final loss %g", loss)
 			assert.Positive(t, s.ComputeSeconds)
 			assert.GreaterOrEqual(t, s.Seconds, s.ComputeSeconds)
+			// The micro-batch steps are part of the compute time; the optimizer's updates are the rest.
+			assert.Positive(t, s.MicroBatchComputeSeconds)
+			assert.Less(t, s.MicroBatchComputeSeconds, s.ComputeSeconds)
 			assert.Contains(t, stdout, "test accuracy:")
 		})
 	}

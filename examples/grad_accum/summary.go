@@ -35,9 +35,13 @@ type summary struct {
 	CollectiveBytes   int64   `json:"collective_bytes"`
 	CommWaitSeconds   float64 `json:"comm_wait_seconds"`
 	ComputeSeconds    float64 `json:"compute_seconds"`
-	TrainExamples     int     `json:"train_examples"`
-	TestAccuracy      float64 `json:"test_accuracy"`
-	BestTestAccuracy  float64 `json:"best_test_accuracy"` // the best epoch's with -eval-each-epoch
+	// MicroBatchComputeSeconds is the part of ComputeSeconds spent in the micro-batch steps (forward,
+	// backward and the accumulation into the gradient buckets), without the optimizer's updates: divided by
+	// MicroBatches, what one micro-batch's forward and backward cost on this process.
+	MicroBatchComputeSeconds float64 `json:"micro_batch_compute_seconds"`
+	TrainExamples            int     `json:"train_examples"`
+	TestAccuracy             float64 `json:"test_accuracy"`
+	BestTestAccuracy         float64 `json:"best_test_accuracy"` // the best epoch's with -eval-each-epoch
 	// RestartCount is how many times `accel launch --max-restarts` restarted the job before this run.
 	RestartCount int       `json:"restart_count"`
 	FinalLoss    jsonFloat `json:"final_loss"` // mean training loss of the last epoch, all processes
@@ -51,32 +55,33 @@ type summary struct {
 	GoaccelVersion string `json:"goaccel_version"`
 }
 
-func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, trainExamples int, accuracy, best, finalLoss float64,
-	trainTime, elapsed time.Duration) summary {
+func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
+	accuracy, best, finalLoss float64, trainTime, elapsed time.Duration) summary {
 	return summary{
-		GoaccelVersion:    version.String(),
-		Rank:              acc.Rank(),
-		WorldSize:         acc.WorldSize(),
-		Epochs:            cfg.epochs,
-		BatchSize:         cfg.batch,
-		AccumulationSteps: cfg.k,
-		GlobalBatch:       acc.WorldSize() * cfg.k * cfg.batch,
-		OptimizerSteps:    stats.OptimizerSteps,
-		Syncs:             stats.Syncs,
-		MicroBatches:      stats.MicroBatches,
-		CollectiveCalls:   stats.Collectives.Calls(),
-		CollectiveBytes:   stats.Collectives.Bytes(),
-		CommWaitSeconds:   seconds(stats.Collectives.Wait()),
-		ComputeSeconds:    seconds(stats.ComputeTime),
-		TrainExamples:     trainExamples,
-		TestAccuracy:      accuracy,
-		BestTestAccuracy:  best,
-		RestartCount:      acc.RestartCount(),
-		FinalLoss:         jsonFloat(finalLoss),
-		Model:             cfg.model,
-		TrainSeconds:      seconds(trainTime),
-		ExamplesPerSecond: math.Round(float64(trainExamples*cfg.epochs) / trainTime.Seconds()),
-		Seconds:           seconds(elapsed),
+		GoaccelVersion:           version.String(),
+		Rank:                     acc.Rank(),
+		WorldSize:                acc.WorldSize(),
+		Epochs:                   cfg.epochs,
+		BatchSize:                cfg.batch,
+		AccumulationSteps:        cfg.k,
+		GlobalBatch:              acc.WorldSize() * cfg.k * cfg.batch,
+		OptimizerSteps:           stats.OptimizerSteps,
+		Syncs:                    stats.Syncs,
+		MicroBatches:             stats.MicroBatches,
+		CollectiveCalls:          stats.Collectives.Calls(),
+		CollectiveBytes:          stats.Collectives.Bytes(),
+		CommWaitSeconds:          seconds(stats.Collectives.Wait()),
+		ComputeSeconds:           seconds(stats.ComputeTime),
+		MicroBatchComputeSeconds: seconds(microBatchCompute),
+		TrainExamples:            trainExamples,
+		TestAccuracy:             accuracy,
+		BestTestAccuracy:         best,
+		RestartCount:             acc.RestartCount(),
+		FinalLoss:                jsonFloat(finalLoss),
+		Model:                    cfg.model,
+		TrainSeconds:             seconds(trainTime),
+		ExamplesPerSecond:        math.Round(float64(trainExamples*cfg.epochs) / trainTime.Seconds()),
+		Seconds:                  seconds(elapsed),
 	}
 }
 

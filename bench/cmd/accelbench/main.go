@@ -7,8 +7,11 @@
 //	bin/accelbench -render bin/bench.json -out docs/benchmarks.md   # re-render, no measuring
 //
 // -quick measures everything once with tiny sizes (a smoke test; its numbers mean nothing), and -only
-// picks sections (mpi, overhead, compute, e2e). The end-to-end section runs bin/grad_accum (built with
-// -tags mpi) and PyTorch from /usr/bin/python3; see -h and docs/benchmarks-method.md.
+// picks sections (mpi, overhead, compute, e2e, transformer, purego, demo, network). The end-to-end and
+// network sections run bin/grad_accum (built with -tags mpi) and PyTorch from /usr/bin/python3; the network
+// section builds emulated clusters of hosts, which needs root. -hosts NAME[:SLOTS],... (with -launch-agent
+// and -net, as `accel launch` takes them) runs the MPI and network sections across real hosts instead; see
+// -h and docs/benchmarks-method.md.
 package main
 
 import (
