@@ -9,14 +9,14 @@ import (
 
 // Release is the semantic version of this source tree: the latest release, which CHANGELOG.md describes
 // and a git tag v<Release> marks.
-const Release = "0.3.0"
+const Release = "0.4.0"
 
 // modulePath is goaccel's module, as a dependency of another program.
 const modulePath = "github.com/goaccel/goaccel"
 
 // String is the version to report: the module version the Go toolchain recorded when goaccel is a
-// dependency (v0.3.0, or a pseudo-version between releases), else Release with the commit a build inside a
-// checkout was made from ("0.3.0 (commit 1a2b3c4d5e6f, modified)"), else Release.
+// dependency (v0.4.0, or a pseudo-version between releases), else Release with the commit a build inside a
+// checkout was made from ("0.4.0 (commit 1a2b3c4d5e6f, modified)"), else Release.
 func String() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
