@@ -290,11 +290,85 @@ func TestRandomLayoutsMatchSimplego(t *testing.T) {
 		checkAgainstSimplego(t, backend, rng, dtype, c)
 	}
 	after := Calls()
-	t.Logf("direct=%d copied=%d fallback=%d", after.Direct-before.Direct, after.Copied-before.Copied,
-		after.Fallback-before.Fallback)
+	t.Logf("direct=%d (strided %d) copied=%d fallback=%d", after.Direct-before.Direct,
+		after.Strided-before.Strided, after.Copied-before.Copied, after.Fallback-before.Fallback)
 	assert.Positive(t, after.Direct-before.Direct, "no case ran on the kernel in place")
+	assert.Positive(t, after.Strided-before.Strided, "no case ran on the kernel in place with strides")
 	assert.Positive(t, after.Copied-before.Copied, "no case ran on the kernel after a copy")
 	assert.Positive(t, after.Fallback-before.Fallback, "no case fell back to simplego")
+}
+
+// randomStridedCase draws a DotGeneral whose operands keep their cross axes together and their contracting
+// axes together, in pair order, with the batch axes anywhere before the last axis: the layouts that run in
+// place with strides (attention's [batch, seq, heads, dim] and its gradients among them).
+func randomStridedCase(rng *rand.Rand) dotGeneralCase {
+	dim := func() int { return 1 + rng.IntN(5) }
+	batchDims, contractingDims := make([]int, 1+rng.IntN(2)), make([]int, 1+rng.IntN(2))
+	for i := range batchDims {
+		batchDims[i] = dim()
+	}
+	for i := range contractingDims {
+		contractingDims[i] = dim()
+	}
+	operand := func() (dims, batchAxes, contractingAxes []int) {
+		type group struct {
+			contracting bool
+			dims        []int
+		}
+		cross := group{false, make([]int, 1+rng.IntN(2))}
+		for i := range cross.dims {
+			cross.dims[i] = dim()
+		}
+		groups := []group{cross, {true, contractingDims}}
+		if rng.IntN(2) == 0 {
+			groups[0], groups[1] = groups[1], groups[0]
+		}
+		// Each batch axis goes before the first group or between the two.
+		slots := make([][]int, 2)
+		for i := range batchDims {
+			slot := rng.IntN(2)
+			slots[slot] = append(slots[slot], i)
+		}
+		batchAxes, contractingAxes = make([]int, len(batchDims)), make([]int, len(contractingDims))
+		for g, grp := range groups {
+			for _, i := range slots[g] {
+				batchAxes[i] = len(dims)
+				dims = append(dims, batchDims[i])
+			}
+			for i, d := range grp.dims {
+				if grp.contracting {
+					contractingAxes[i] = len(dims)
+				}
+				dims = append(dims, d)
+			}
+		}
+		return dims, batchAxes, contractingAxes
+	}
+	var c dotGeneralCase
+	c.lhsDims, c.lhsBatch, c.lhsContracting = operand()
+	c.rhsDims, c.rhsBatch, c.rhsContracting = operand()
+	return c
+}
+
+// TestStridedLayoutsMatchSimplego compares the strided in-place path with simplego's own executor, in
+// float32 and float64, and checks that it ran.
+func TestStridedLayoutsMatchSimplego(t *testing.T) {
+	backend := newBackend(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	before := Calls()
+	const cases = 120
+	for i := range cases {
+		dtype := dtypes.Float32
+		if i%2 == 1 {
+			dtype = dtypes.Float64
+		}
+		checkAgainstSimplego(t, backend, rng, dtype, randomStridedCase(rng))
+	}
+	after := Calls()
+	t.Logf("direct=%d (strided %d) copied=%d", after.Direct-before.Direct, after.Strided-before.Strided,
+		after.Copied-before.Copied)
+	assert.Greater(t, after.Strided-before.Strided, uint64(cases/4), "too few cases ran strided")
+	assert.Zero(t, after.Fallback-before.Fallback, "a float case fell back to simplego")
 }
 
 // TestPlanMLPShapes checks that the products of a dense layer's forward and backward passes run in place,
@@ -328,8 +402,8 @@ func TestPlanMLPShapes(t *testing.T) {
 }
 
 // TestPlanAttentionScores checks a layout no transpose flag covers: queries·keys over [batch, seq, heads, dim]
-// with batch axes (batch, heads) needs both operands copied into [batch·heads, seq, dim], which moves whole
-// rows of dim, and keys then enter the gemm transposed.
+// with batch axes (batch, heads) runs in place as batch·heads matrices [seq, dim] whose rows lie heads·dim
+// apart, keys entering the gemm transposed, with no copy.
 func TestPlanAttentionScores(t *testing.T) {
 	dims := []int{8, 64, 4, 32}
 	params := &dotGeneralParams{
@@ -337,13 +411,41 @@ func TestPlanAttentionScores(t *testing.T) {
 		rhsContractingAxes: []int{3}, rhsBatchAxes: []int{0, 2},
 		batchSize: 8 * 4, lhsCrossSize: 64, rhsCrossSize: 64, contractingSize: 32,
 	}
-	_, ok := planGemm(dims, dims, params, false)
-	assert.False(t, ok, "without copies this layout must fall back")
-	plan, ok := planGemm(dims, dims, params, true)
-	require.True(t, ok)
-	assert.Equal(t, []int{0, 2, 1, 3}, plan.lhsPermutation)
-	assert.Equal(t, []int{0, 2, 1, 3}, plan.rhsPermutation)
-	assert.Equal(t, gemmShape{batch: 32, m: 64, n: 64, k: 32, transB: true}, plan.gemm)
+	plan, ok := planGemm(dims, dims, params, false)
+	require.True(t, ok, "a strided layout needs no copy")
+	assert.Nil(t, plan.lhsPermutation)
+	assert.Nil(t, plan.rhsPermutation)
+	offsets := make([]int, 0, 32)
+	for b := range 8 {
+		for h := range 4 {
+			offsets = append(offsets, b*64*4*32+h*32)
+		}
+	}
+	assert.Equal(t, gemmShape{batch: 32, m: 64, n: 64, k: 32, transB: true, ldA: 4 * 32, ldB: 4 * 32,
+		offA: offsets, offB: offsets}, plan.gemm)
+}
+
+// TestPlanStridedOrCopied checks which layouts run strided in place and which are still copied.
+func TestPlanStridedOrCopied(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		dims, batch, contract []int
+		isLHS                 bool
+		want                  operandLayout
+	}{
+		{"coefficients [b,t,h,s]·… contracting s", []int{2, 3, 4, 5}, []int{0, 2}, []int{3}, true,
+			operandLayout{contractingLast: true, ld: 20, offsets: []int{0, 5, 10, 15, 60, 65, 70, 75}}},
+		{"values […,s,h,d] contracting s, rows d", []int{2, 5, 4, 6}, []int{0, 2}, []int{1}, false,
+			operandLayout{contractingLast: false, ld: 24, offsets: []int{0, 6, 12, 18, 120, 126, 132, 138}}},
+		{"batch axis last: copied", []int{3, 4, 2}, []int{2}, []int{1}, true,
+			operandLayout{contractingLast: true, permutation: []int{2, 0, 1}}},
+		{"rows split by the batch axis: copied", []int{3, 2, 4, 5}, []int{1}, []int{3}, true,
+			operandLayout{contractingLast: true, permutation: []int{1, 0, 2, 3}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, layoutOperand(tc.dims, tc.batch, tc.contract, tc.isLHS))
+		})
+	}
 }
 
 func TestTransposeInto(t *testing.T) {

@@ -17,6 +17,9 @@ import (
 type Counts struct {
 	// Direct DotGenerals ran on the gemm kernel straight from the operands' memory.
 	Direct uint64
+	// Strided counts the Direct DotGenerals that read an operand with row strides and batch offsets
+	// (batch axes between its rows and columns, as attention's heads) rather than packed.
+	Strided uint64
 	// Copied DotGenerals ran on the gemm kernel after one or both operands were copied into gemm order.
 	Copied uint64
 	// Fallback DotGenerals ran on simplego's own executor: a dtype other than float32/float64, or node data
@@ -24,11 +27,12 @@ type Counts struct {
 	Fallback uint64
 }
 
-var directCalls, copiedCalls, fallbackCalls atomic.Uint64
+var directCalls, stridedCalls, copiedCalls, fallbackCalls atomic.Uint64
 
 // Calls returns the number of DotGenerals computed by each path so far.
 func Calls() Counts {
-	return Counts{Direct: directCalls.Load(), Copied: copiedCalls.Load(), Fallback: fallbackCalls.Load()}
+	return Counts{Direct: directCalls.Load(), Strided: stridedCalls.Load(), Copied: copiedCalls.Load(),
+		Fallback: fallbackCalls.Load()}
 }
 
 // copyToGemmOrder lets DotGenerals whose layout no gemm transpose flag covers run on the kernel after a copy;
@@ -100,6 +104,9 @@ func execGemm(backend *simplego.Backend, node *simplego.Node, inputs []*simplego
 		copiedCalls.Add(1)
 	} else {
 		directCalls.Add(1)
+		if !plan.gemm.packed() {
+			stridedCalls.Add(1)
+		}
 	}
 	return output, true, nil
 }

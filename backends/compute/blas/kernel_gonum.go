@@ -47,29 +47,43 @@ func sgemmBatched(g gemmShape, a, b, c []float32) {
 }
 
 // tileGemmBatched runs each batch item of g as a gemmtile.Product: A read in place through offsets (its
-// rows k apart and its elements 1 apart, or the other way round when transposed), B in place unless
+// rows lda apart and its elements 1 apart, or the other way round when transposed), B in place unless
 // transposed (then copied into [k, n] first, the kernel's order).
 func tileGemmBatched(g gemmShape, a, b, c []float32) {
+	lda, ldb := g.lda(), g.ldb()
 	rowStarts, offsets := make([]int, g.m), make([]int32, g.k)
 	for i := range rowStarts {
-		rowStarts[i] = i * pick(g.transA, 1, g.k)
+		rowStarts[i] = i * pick(g.transA, 1, lda)
 	}
 	for k := range offsets {
-		offsets[k] = int32(k * pick(g.transA, g.m, 1))
+		offsets[k] = int32(k * pick(g.transA, lda, 1))
 	}
-	strideA, strideB, strideC := g.m*g.k, g.k*g.n, g.m*g.n
+	strideC := g.m * g.n
 	var transposed []float32
 	if g.transB {
-		transposed = make([]float32, strideB)
+		transposed = make([]float32, g.k*g.n)
 	}
 	for i := range g.batch {
-		bi := b[i*strideB : (i+1)*strideB]
+		bi, ldbi := b[g.startB(i):], ldb
 		if g.transB {
-			transposeInto(transposed, bi, []int{g.n, g.k}, []int{1, 0})
-			bi = transposed
+			transposeRows(transposed, bi, g.n, g.k, ldb)
+			bi, ldbi = transposed, g.n
 		}
-		gemmtile.Product{A: a[i*strideA : (i+1)*strideA], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: g.n,
+		gemmtile.Product{A: a[g.startA(i):], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: ldbi,
 			N: g.n, C: c[i*strideC : (i+1)*strideC], LDC: g.n}.Run(threads.Budget())
+	}
+}
+
+// transposeRows copies src, rows rows of cols elements ld apart, into dst as [cols, rows].
+func transposeRows(dst, src []float32, rows, cols, ld int) {
+	if ld == cols {
+		transposeInto(dst, src[:rows*cols], []int{rows, cols}, []int{1, 0})
+		return
+	}
+	for r := range rows {
+		for c, v := range src[r*ld : r*ld+cols] {
+			dst[c*rows+r] = v
+		}
 	}
 }
 
@@ -81,10 +95,10 @@ func dgemmBatched(g gemmShape, a, b, c []float64) {
 // gemmBatched runs gemm (gonum's Sgemm or Dgemm) once per batch item of g.
 func gemmBatched[T float32 | float64](g gemmShape, a, b, c []T, gemm func(tA, tB gonumblas.Transpose,
 	m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int)) {
-	strideA, strideB, strideC := g.m*g.k, g.k*g.n, g.m*g.n
+	strideC := g.m * g.n
 	for i := range g.batch {
 		gemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
-			1, a[i*strideA:(i+1)*strideA], g.lda(), b[i*strideB:(i+1)*strideB], g.ldb(),
+			1, a[g.startA(i):], g.lda(), b[g.startB(i):], g.ldb(),
 			0, c[i*strideC:(i+1)*strideC], g.ldc())
 	}
 }

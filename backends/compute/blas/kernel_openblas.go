@@ -49,27 +49,29 @@ static void use_threads_for(int batch, int m, int n, int k) {
 // The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item.
 
 static void sgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
-		const float *a, const float *b, float *c) {
+		const float *a, int lda, const long long *off_a, const float *b, int ldb, const long long *off_b, float *c) {
 	pthread_mutex_lock(&goaccel_threads_mu);
 	use_threads_for(batch, m, n, k);
-	const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
 	for (int i = 0; i < batch; i++) {
+		const float *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a);
+		const float *bi = b + (off_b ? (size_t)off_b[i] : i * stride_b);
 		cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-			m, n, k, 1.0f, a + i * stride_a, lda, b + i * stride_b, ldb, 0.0f, c + i * stride_c, n);
+			m, n, k, 1.0f, ai, lda, bi, ldb, 0.0f, c + i * stride_c, n);
 	}
 	pthread_mutex_unlock(&goaccel_threads_mu);
 }
 
 static void dgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
-		const double *a, const double *b, double *c) {
+		const double *a, int lda, const long long *off_a, const double *b, int ldb, const long long *off_b, double *c) {
 	pthread_mutex_lock(&goaccel_threads_mu);
 	use_threads_for(batch, m, n, k);
-	const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
 	for (int i = 0; i < batch; i++) {
+		const double *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a);
+		const double *bi = b + (off_b ? (size_t)off_b[i] : i * stride_b);
 		cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-			m, n, k, 1.0, a + i * stride_a, lda, b + i * stride_b, ldb, 0.0, c + i * stride_c, n);
+			m, n, k, 1.0, ai, lda, bi, ldb, 0.0, c + i * stride_c, n);
 	}
 	pthread_mutex_unlock(&goaccel_threads_mu);
 }
@@ -119,12 +121,35 @@ func cbool(b bool) C.int {
 // sgemmBatched computes the float32 gemms g describes. The slices' memory holds no Go pointers, so passing
 // it to C for the duration of the call follows the cgo pointer rules.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
+	offA, offB := cOffsets(g.offA), cOffsets(g.offB)
 	C.sgemm_batched(C.int(g.batch), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA), cbool(g.transB),
-		(*C.float)(&a[0]), (*C.float)(&b[0]), (*C.float)(&c[0]))
+		(*C.float)(&a[0]), C.int(g.lda()), offsetsPointer(offA), (*C.float)(&b[0]), C.int(g.ldb()),
+		offsetsPointer(offB), (*C.float)(&c[0]))
 }
 
 // dgemmBatched computes the float64 gemms g describes.
 func dgemmBatched(g gemmShape, a, b, c []float64) {
+	offA, offB := cOffsets(g.offA), cOffsets(g.offB)
 	C.dgemm_batched(C.int(g.batch), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA), cbool(g.transB),
-		(*C.double)(&a[0]), (*C.double)(&b[0]), (*C.double)(&c[0]))
+		(*C.double)(&a[0]), C.int(g.lda()), offsetsPointer(offA), (*C.double)(&b[0]), C.int(g.ldb()),
+		offsetsPointer(offB), (*C.double)(&c[0]))
+}
+
+// cOffsets converts batch item offsets to C's type; nil stays nil (items back to back).
+func cOffsets(offsets []int) []C.longlong {
+	if offsets == nil {
+		return nil
+	}
+	converted := make([]C.longlong, len(offsets))
+	for i, offset := range offsets {
+		converted[i] = C.longlong(offset)
+	}
+	return converted
+}
+
+func offsetsPointer(offsets []C.longlong) *C.longlong {
+	if len(offsets) == 0 {
+		return nil
+	}
+	return &offsets[0]
 }

@@ -1,21 +1,42 @@
 package blas
 
 import (
+	"cmp"
 	"slices"
 )
 
 // gemmShape describes a batch of independent row-major products C[i] = op(A[i]) · op(B[i]), with C[i] of
 // shape [m, n] and the contraction of size k. A[i] is stored as [m, k], or as [k, m] when transA; B[i] as
-// [k, n], or as [n, k] when transB. The batch items lie back to back in each operand.
+// [k, n], or as [n, k] when transB. The batch items of C lie back to back; those of A and B too, unless the
+// operand is strided: then its rows lie ldA (ldB) elements apart and item i starts at offA[i] (offB[i]), as
+// when the batch axes of an operand lie between its rows and its columns (attention's heads).
 type gemmShape struct {
 	batch, m, n, k int
 	transA, transB bool
+	// ldA and ldB are the operands' row strides; 0 means packed (the row length).
+	ldA, ldB int
+	// offA and offB are the operands' batch item starts; nil means back to back.
+	offA, offB []int
 }
 
 // lda, ldb and ldc are the row strides of A, B and C, as cblas wants them for row-major storage.
-func (g gemmShape) lda() int { return pick(g.transA, g.m, g.k) }
-func (g gemmShape) ldb() int { return pick(g.transB, g.k, g.n) }
+func (g gemmShape) lda() int { return cmp.Or(g.ldA, pick(g.transA, g.m, g.k)) }
+func (g gemmShape) ldb() int { return cmp.Or(g.ldB, pick(g.transB, g.k, g.n)) }
 func (g gemmShape) ldc() int { return g.n }
+
+// startA and startB are where batch item i of A and B starts.
+func (g gemmShape) startA(i int) int { return itemStart(g.offA, i, g.m*g.k) }
+func (g gemmShape) startB(i int) int { return itemStart(g.offB, i, g.k*g.n) }
+
+func itemStart(offsets []int, i, packedSize int) int {
+	if offsets != nil {
+		return offsets[i]
+	}
+	return i * packedSize
+}
+
+// packed reports whether both operands lie back to back in gemm order (no strides, no offsets).
+func (g gemmShape) packed() bool { return g.ldA == 0 && g.ldB == 0 && g.offA == nil && g.offB == nil }
 
 func pick(cond bool, ifTrue, ifFalse int) int {
 	if cond {
@@ -37,6 +58,10 @@ type operandLayout struct {
 	contractingLast bool
 	// permutation is non-nil when the operand must be copied into gemm order first.
 	permutation []int
+	// ld and offsets are non-zero when the operand is used in place with strides: its gemm rows lie ld
+	// elements apart and batch item i starts at offsets[i] (see gemmShape).
+	ld      int
+	offsets []int
 }
 
 // planGemm maps a DotGeneral (operand dimensions plus simplego's axes) onto a gemmShape. allowCopy permits
@@ -58,8 +83,8 @@ func planGemm(lhsDims, rhsDims []int, params *dotGeneralParams, allowCopy bool) 
 	var best gemmPlan
 	bestCopied := -1
 	for _, order := range [][]int{sortedOrder(params.lhsContractingAxes), sortedOrder(params.rhsContractingAxes)} {
-		lhs := layoutOperand(len(lhsDims), params.lhsBatchAxes, permute(params.lhsContractingAxes, order), true)
-		rhs := layoutOperand(len(rhsDims), params.rhsBatchAxes, permute(params.rhsContractingAxes, order), false)
+		lhs := layoutOperand(lhsDims, params.lhsBatchAxes, permute(params.lhsContractingAxes, order), true)
+		rhs := layoutOperand(rhsDims, params.rhsBatchAxes, permute(params.rhsContractingAxes, order), false)
 		copied := 0
 		if lhs.permutation != nil {
 			copied += product(lhsDims)
@@ -75,6 +100,7 @@ func planGemm(lhsDims, rhsDims []int, params *dotGeneralParams, allowCopy bool) 
 			gemm: gemmShape{
 				batch: params.batchSize, m: params.lhsCrossSize, n: params.rhsCrossSize, k: params.contractingSize,
 				transA: !lhs.contractingLast, transB: rhs.contractingLast,
+				ldA: lhs.ld, ldB: rhs.ld, offA: lhs.offsets, offB: rhs.offsets,
 			},
 			lhsPermutation: lhs.permutation,
 			rhsPermutation: rhs.permutation,
@@ -86,10 +112,11 @@ func planGemm(lhsDims, rhsDims []int, params *dotGeneralParams, allowCopy bool) 
 	return best, true
 }
 
-// layoutOperand finds how an operand of the given rank, with batch axes (in output order) and contracting
-// axes (in pair order), maps onto a gemm operand. isLHS picks the no-transpose form when both forms fit (no
-// rows axes): lhs [batch, rows, contracting], rhs [batch, contracting, rows].
-func layoutOperand(rank int, batchAxes, contractingAxes []int, isLHS bool) operandLayout {
+// layoutOperand finds how an operand of the given dimensions, with batch axes (in output order) and
+// contracting axes (in pair order), maps onto a gemm operand. isLHS picks the no-transpose form when both
+// forms fit (no rows axes): lhs [batch, rows, contracting], rhs [batch, contracting, rows].
+func layoutOperand(dims, batchAxes, contractingAxes []int, isLHS bool) operandLayout {
+	rank := len(dims)
 	numBatch, numContracting := len(batchAxes), len(contractingAxes)
 	rowsAxes := rowsAxesOf(rank, batchAxes, contractingAxes)
 	inPlace := true
@@ -115,11 +142,75 @@ func layoutOperand(rank int, batchAxes, contractingAxes []int, isLHS bool) opera
 			return operandLayout{contractingLast: false}
 		}
 	}
+	if layout, ok := stridedLayout(dims, batchAxes, rowsAxes, contractingAxes); ok {
+		return layout
+	}
 	// Copy into the form closest to the memory order, so the copy moves whole rows where it can (e.g. only
 	// the batch axes move) and the gemm transpose flag absorbs the rest.
 	contractingLast := slices.Min(contractingAxes) > rowsAxes[0]
 	return operandLayout{contractingLast: contractingLast,
 		permutation: gemmOrder(batchAxes, rowsAxes, contractingAxes, contractingLast)}
+}
+
+// stridedLayout uses an operand in place when only its batch axes are out of gemm order: the rows axes and
+// the contracting axes each merge into one matrix dimension (consecutive axes, the contracting ones in pair
+// order), and the operand's last axis closes one of them, so the matrix has unit column stride and a row
+// stride (ld) the gemm takes as it is. Each batch item starts at the offset its batch indices give. This is
+// attention's layout: queries [batch, seq, heads, dim] with batch axes (batch, heads) are batch·heads
+// matrices [seq, dim] with rows heads·dim apart, which otherwise would be copied on every product.
+func stridedLayout(dims, batchAxes, rowsAxes, contractingAxes []int) (operandLayout, bool) {
+	if len(rowsAxes) == 0 || len(contractingAxes) == 0 {
+		return operandLayout{}, false
+	}
+	consecutive := func(axes []int) bool {
+		for i := 1; i < len(axes); i++ {
+			if axes[i] != axes[i-1]+1 {
+				return false
+			}
+		}
+		return true
+	}
+	if !consecutive(rowsAxes) || !consecutive(contractingAxes) {
+		return operandLayout{}, false
+	}
+	last := len(dims) - 1
+	strides := rowMajorStrides(dims)
+	var layout operandLayout
+	switch {
+	case contractingAxes[len(contractingAxes)-1] == last:
+		layout = operandLayout{contractingLast: true, ld: strides[rowsAxes[len(rowsAxes)-1]]}
+	case rowsAxes[len(rowsAxes)-1] == last:
+		layout = operandLayout{contractingLast: false, ld: strides[contractingAxes[len(contractingAxes)-1]]}
+	default:
+		return operandLayout{}, false
+	}
+	// Batch item offsets: the batch indices in output order, the last running fastest.
+	count := 1
+	for _, axis := range batchAxes {
+		count *= dims[axis]
+	}
+	layout.offsets = make([]int, count)
+	for i := range count {
+		offset, rest := 0, i
+		for j := len(batchAxes) - 1; j >= 0; j-- {
+			axis := batchAxes[j]
+			offset += rest % dims[axis] * strides[axis]
+			rest /= dims[axis]
+		}
+		layout.offsets[i] = offset
+	}
+	return layout, true
+}
+
+// rowMajorStrides returns the element stride of each axis of a row-major array of the given dimensions.
+func rowMajorStrides(dims []int) []int {
+	strides := make([]int, len(dims))
+	stride := 1
+	for axis := len(dims) - 1; axis >= 0; axis-- {
+		strides[axis] = stride
+		stride *= dims[axis]
+	}
+	return strides
 }
 
 // rowsAxesOf returns the axes that are neither batch nor contracting (DotGeneral's cross axes), in order.
