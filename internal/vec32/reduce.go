@@ -87,32 +87,42 @@ func foldGo(f fold, x []float32, acc *[lanes]float32) {
 }
 
 // combineSum, combineMax and combineMin fold the running values pairwise into one: l with l+16, then l+8,
-// l+4, l+2, l+1 (three loops written out: a call per pair would cost more than the pairs).
-func combineSum(acc *[lanes]float32) float32 {
-	for width := lanes / 2; width >= 1; width /= 2 {
-		for l := range width {
-			acc[l] += acc[l+width]
-		}
-	}
-	return acc[0]
+// l+4, l+2, l+1. Written out with named values, so the compiler keeps them in registers with no bounds
+// checks: on softmax's rows of 64 the loops over the array cost more than the fold itself.
+func combineSum(a *[lanes]float32) float32 {
+	s0, s1, s2, s3 := a[0]+a[16], a[1]+a[17], a[2]+a[18], a[3]+a[19]
+	s4, s5, s6, s7 := a[4]+a[20], a[5]+a[21], a[6]+a[22], a[7]+a[23]
+	s8, s9, s10, s11 := a[8]+a[24], a[9]+a[25], a[10]+a[26], a[11]+a[27]
+	s12, s13, s14, s15 := a[12]+a[28], a[13]+a[29], a[14]+a[30], a[15]+a[31]
+	s0, s1, s2, s3 = s0+s8, s1+s9, s2+s10, s3+s11
+	s4, s5, s6, s7 = s4+s12, s5+s13, s6+s14, s7+s15
+	s0, s1, s2, s3 = s0+s4, s1+s5, s2+s6, s3+s7
+	s0, s1 = s0+s2, s1+s3
+	return s0 + s1
 }
 
-func combineMax(acc *[lanes]float32) float32 {
-	for width := lanes / 2; width >= 1; width /= 2 {
-		for l := range width {
-			acc[l] = max(acc[l], acc[l+width])
-		}
-	}
-	return acc[0]
+func combineMax(a *[lanes]float32) float32 {
+	s0, s1, s2, s3 := max(a[0], a[16]), max(a[1], a[17]), max(a[2], a[18]), max(a[3], a[19])
+	s4, s5, s6, s7 := max(a[4], a[20]), max(a[5], a[21]), max(a[6], a[22]), max(a[7], a[23])
+	s8, s9, s10, s11 := max(a[8], a[24]), max(a[9], a[25]), max(a[10], a[26]), max(a[11], a[27])
+	s12, s13, s14, s15 := max(a[12], a[28]), max(a[13], a[29]), max(a[14], a[30]), max(a[15], a[31])
+	s0, s1, s2, s3 = max(s0, s8), max(s1, s9), max(s2, s10), max(s3, s11)
+	s4, s5, s6, s7 = max(s4, s12), max(s5, s13), max(s6, s14), max(s7, s15)
+	s0, s1, s2, s3 = max(s0, s4), max(s1, s5), max(s2, s6), max(s3, s7)
+	s0, s1 = max(s0, s2), max(s1, s3)
+	return max(s0, s1)
 }
 
-func combineMin(acc *[lanes]float32) float32 {
-	for width := lanes / 2; width >= 1; width /= 2 {
-		for l := range width {
-			acc[l] = min(acc[l], acc[l+width])
-		}
-	}
-	return acc[0]
+func combineMin(a *[lanes]float32) float32 {
+	s0, s1, s2, s3 := min(a[0], a[16]), min(a[1], a[17]), min(a[2], a[18]), min(a[3], a[19])
+	s4, s5, s6, s7 := min(a[4], a[20]), min(a[5], a[21]), min(a[6], a[22]), min(a[7], a[23])
+	s8, s9, s10, s11 := min(a[8], a[24]), min(a[9], a[25]), min(a[10], a[26]), min(a[11], a[27])
+	s12, s13, s14, s15 := min(a[12], a[28]), min(a[13], a[29]), min(a[14], a[30]), min(a[15], a[31])
+	s0, s1, s2, s3 = min(s0, s8), min(s1, s9), min(s2, s10), min(s3, s11)
+	s4, s5, s6, s7 = min(s4, s12), min(s5, s13), min(s6, s14), min(s7, s15)
+	s0, s1, s2, s3 = min(s0, s4), min(s1, s5), min(s2, s6), min(s3, s7)
+	s0, s1 = min(s0, s2), min(s1, s3)
+	return min(s0, s1)
 }
 
 // SumSquares returns the sum of the squares of x in float64 (each element widened before it is squared), in

@@ -354,3 +354,49 @@ func TestReductions(t *testing.T) {
 		sameBits(t, []float32{maxOne, minOne}, got[1:], "n=%d: MaxOf and MinOf against one running value", n)
 	}
 }
+
+// TestCombineIsPairwise checks the written-out combines against the pairwise fold they stand for (l with
+// l+16, then l+8, l+4, l+2, l+1), bit for bit (a NaN as a NaN), on values that include NaN, infinities and
+// signed zeros.
+func TestCombineIsPairwise(t *testing.T) {
+	pairwise := func(acc [lanes]float32, op func(a, b float32) float32) float32 {
+		for width := lanes / 2; width >= 1; width /= 2 {
+			for l := range width {
+				acc[l] = op(acc[l], acc[l+width])
+			}
+		}
+		return acc[0]
+	}
+	special := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0,
+		float32(math.Copysign(0, -1)), 1e-38, -3.3e38}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for trial := range 2000 {
+		var acc [lanes]float32
+		for l := range acc {
+			acc[l] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(9)-4)))
+			if trial%3 == 0 && rng.IntN(8) == 0 {
+				acc[l] = special[rng.IntN(len(special))]
+			}
+		}
+		for _, tc := range []struct {
+			name    string
+			combine func(*[lanes]float32) float32
+			op      func(a, b float32) float32
+		}{
+			{"sum", combineSum, func(a, b float32) float32 { return a + b }},
+			{"max", combineMax, func(a, b float32) float32 { return max(a, b) }},
+			{"min", combineMin, func(a, b float32) float32 { return min(a, b) }},
+		} {
+			input := acc
+			got, want := tc.combine(&input), pairwise(acc, tc.op)
+			if want != want { // NaN: which operand's payload survives an addition is the processor's choice
+				require.True(t, got != got, "%s of %v: %v, want NaN", tc.name, acc, got)
+				continue
+			}
+			require.Equal(t, math.Float32bits(want), math.Float32bits(got), "%s of %v", tc.name, acc)
+			for l := range acc {
+				require.Equal(t, math.Float32bits(acc[l]), math.Float32bits(input[l]), "%s changed its input", tc.name)
+			}
+		}
+	}
+}
