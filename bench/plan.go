@@ -86,7 +86,7 @@ func charlmJob() transformerPlan {
 		LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, EvalWindows: 256}
 }
 
-// fullPlan is what `make bench` measures: about fifteen minutes on a two-core machine once the demo's CNN
+// fullPlan is what `make bench` measures: about twenty minutes on a two-core machine once the demo's CNN
 // trains fast (its five-epoch wall time is one of the measurements).
 func fullPlan() plan {
 	return plan{
@@ -103,8 +103,9 @@ func fullPlan() plan {
 		OverheadTiming:     timing{Samples: 21, SampleTime: 300 * time.Millisecond, MinIters: 1, MaxIters: 20},
 		Compute:            computePlan{Config: bigMLP(), Rounds: 2, StepTime: 3 * time.Second, MinSteps: 3, MaxSteps: 50},
 		EndToEnd: endToEndPlan{Epochs: 1, Procs: []int{1, 2}, Batch: 64, K: 4, LR: 0.002, Seed: 42,
-			Models: []endToEndModel{{Name: "mlp", Rounds: 3}, {Name: "cnn", Rounds: 1}}},
-		Transformer: withRounds(charlmJob(), 1, []int{1, 2}),
+			Models: []endToEndModel{{Name: "mlp", Rounds: 3}, {Name: "cnn", Rounds: 3}}},
+		// Three rounds, so that one run slowed by the machine's other work does not decide a goal.
+		Transformer: withRounds(charlmJob(), 3, []int{1, 2}),
 		// One short epoch per variant: up to half a minute each without BLAS.
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 8192,
 			Seed: 42, LR: 0.002},
