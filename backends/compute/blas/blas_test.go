@@ -415,10 +415,10 @@ func TestPlanAttentionScores(t *testing.T) {
 	require.True(t, ok, "a strided layout needs no copy")
 	assert.Nil(t, plan.lhsPermutation)
 	assert.Nil(t, plan.rhsPermutation)
-	offsets := make([]int, 0, 32)
+	offsets := make([]int64, 0, 32)
 	for b := range 8 {
 		for h := range 4 {
-			offsets = append(offsets, b*64*4*32+h*32)
+			offsets = append(offsets, int64(b*64*4*32+h*32))
 		}
 	}
 	assert.Equal(t, gemmShape{batch: 32, m: 64, n: 64, k: 32, transB: true, ldA: 4 * 32, ldB: 4 * 32,
@@ -434,9 +434,9 @@ func TestPlanStridedOrCopied(t *testing.T) {
 		want                  operandLayout
 	}{
 		{"coefficients [b,t,h,s]·… contracting s", []int{2, 3, 4, 5}, []int{0, 2}, []int{3}, true,
-			operandLayout{contractingLast: true, ld: 20, offsets: []int{0, 5, 10, 15, 60, 65, 70, 75}}},
+			operandLayout{contractingLast: true, ld: 20, offsets: []int64{0, 5, 10, 15, 60, 65, 70, 75}}},
 		{"values […,s,h,d] contracting s, rows d", []int{2, 5, 4, 6}, []int{0, 2}, []int{1}, false,
-			operandLayout{contractingLast: false, ld: 24, offsets: []int{0, 6, 12, 18, 120, 126, 132, 138}}},
+			operandLayout{contractingLast: false, ld: 24, offsets: []int64{0, 6, 12, 18, 120, 126, 132, 138}}},
 		{"batch axis last: copied", []int{3, 4, 2}, []int{2}, []int{1}, true,
 			operandLayout{contractingLast: true, permutation: []int{2, 0, 1}}},
 		{"rows split by the batch axis: copied", []int{3, 2, 4, 5}, []int{1}, []int{3}, true,

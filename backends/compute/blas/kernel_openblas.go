@@ -5,6 +5,7 @@ package blas
 /*
 #cgo pkg-config: openblas
 #include <stddef.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <cblas.h>
 
@@ -49,7 +50,7 @@ static void use_threads_for(int batch, int m, int n, int k) {
 // The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item.
 
 static void sgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
-		const float *a, int lda, const long long *off_a, const float *b, int ldb, const long long *off_b, float *c) {
+		const float *a, int lda, const int64_t *off_a, const float *b, int ldb, const int64_t *off_b, float *c) {
 	pthread_mutex_lock(&goaccel_threads_mu);
 	use_threads_for(batch, m, n, k);
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
@@ -63,7 +64,7 @@ static void sgemm_batched(int batch, int m, int n, int k, int trans_a, int trans
 }
 
 static void dgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
-		const double *a, int lda, const long long *off_a, const double *b, int ldb, const long long *off_b, double *c) {
+		const double *a, int lda, const int64_t *off_a, const double *b, int ldb, const int64_t *off_b, double *c) {
 	pthread_mutex_lock(&goaccel_threads_mu);
 	use_threads_for(batch, m, n, k);
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
@@ -81,6 +82,7 @@ import "C"
 import (
 	"fmt"
 	"strings"
+	"unsafe"
 )
 
 // Built reports whether OpenBLAS is linked in (the `blas` build tag).
@@ -121,35 +123,22 @@ func cbool(b bool) C.int {
 // sgemmBatched computes the float32 gemms g describes. The slices' memory holds no Go pointers, so passing
 // it to C for the duration of the call follows the cgo pointer rules.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
-	offA, offB := cOffsets(g.offA), cOffsets(g.offB)
 	C.sgemm_batched(C.int(g.batch), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA), cbool(g.transB),
-		(*C.float)(&a[0]), C.int(g.lda()), offsetsPointer(offA), (*C.float)(&b[0]), C.int(g.ldb()),
-		offsetsPointer(offB), (*C.float)(&c[0]))
+		(*C.float)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.float)(&b[0]), C.int(g.ldb()),
+		offsetsPointer(g.offB), (*C.float)(&c[0]))
 }
 
 // dgemmBatched computes the float64 gemms g describes.
 func dgemmBatched(g gemmShape, a, b, c []float64) {
-	offA, offB := cOffsets(g.offA), cOffsets(g.offB)
 	C.dgemm_batched(C.int(g.batch), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA), cbool(g.transB),
-		(*C.double)(&a[0]), C.int(g.lda()), offsetsPointer(offA), (*C.double)(&b[0]), C.int(g.ldb()),
-		offsetsPointer(offB), (*C.double)(&c[0]))
+		(*C.double)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.double)(&b[0]), C.int(g.ldb()),
+		offsetsPointer(g.offB), (*C.double)(&c[0]))
 }
 
-// cOffsets converts batch item offsets to C's type; nil stays nil (items back to back).
-func cOffsets(offsets []int) []C.longlong {
-	if offsets == nil {
-		return nil
-	}
-	converted := make([]C.longlong, len(offsets))
-	for i, offset := range offsets {
-		converted[i] = C.longlong(offset)
-	}
-	return converted
-}
-
-func offsetsPointer(offsets []C.longlong) *C.longlong {
+// offsetsPointer passes batch item offsets to C as they are (nil: items back to back).
+func offsetsPointer(offsets []int64) *C.int64_t {
 	if len(offsets) == 0 {
 		return nil
 	}
-	return &offsets[0]
+	return (*C.int64_t)(unsafe.Pointer(&offsets[0]))
 }

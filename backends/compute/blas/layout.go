@@ -16,7 +16,7 @@ type gemmShape struct {
 	// ldA and ldB are the operands' row strides; 0 means packed (the row length).
 	ldA, ldB int
 	// offA and offB are the operands' batch item starts; nil means back to back.
-	offA, offB []int
+	offA, offB []int64
 }
 
 // lda, ldb and ldc are the row strides of A, B and C, as cblas wants them for row-major storage.
@@ -28,9 +28,9 @@ func (g gemmShape) ldc() int { return g.n }
 func (g gemmShape) startA(i int) int { return itemStart(g.offA, i, g.m*g.k) }
 func (g gemmShape) startB(i int) int { return itemStart(g.offB, i, g.k*g.n) }
 
-func itemStart(offsets []int, i, packedSize int) int {
+func itemStart(offsets []int64, i, packedSize int) int {
 	if offsets != nil {
-		return offsets[i]
+		return int(offsets[i])
 	}
 	return i * packedSize
 }
@@ -61,7 +61,7 @@ type operandLayout struct {
 	// ld and offsets are non-zero when the operand is used in place with strides: its gemm rows lie ld
 	// elements apart and batch item i starts at offsets[i] (see gemmShape).
 	ld      int
-	offsets []int
+	offsets []int64
 }
 
 // planGemm maps a DotGeneral (operand dimensions plus simplego's axes) onto a gemmShape. allowCopy permits
@@ -189,7 +189,7 @@ func stridedLayout(dims, batchAxes, rowsAxes, contractingAxes []int) (operandLay
 	for _, axis := range batchAxes {
 		count *= dims[axis]
 	}
-	layout.offsets = make([]int, count)
+	layout.offsets = make([]int64, count)
 	for i := range count {
 		offset, rest := 0, i
 		for j := len(batchAxes) - 1; j >= 0; j-- {
@@ -197,7 +197,7 @@ func stridedLayout(dims, batchAxes, rowsAxes, contractingAxes []int) (operandLay
 			offset += rest % dims[axis] * strides[axis]
 			rest /= dims[axis]
 		}
-		layout.offsets[i] = offset
+		layout.offsets[i] = int64(offset)
 	}
 	return layout, true
 }
