@@ -154,6 +154,8 @@ func TestInstallUninstall(t *testing.T) {
 		assert.Equal(t, 2, Threads())
 		assert.Contains(t, Path(), "OpenBLAS")
 		assert.Contains(t, Path(), "2 threads")
+	} else if gemmtile.Wide() {
+		assert.Equal(t, "pure Go (AVX-512 micro-kernel; gonum for float64)", Path())
 	} else if gemmtile.Accelerated() {
 		assert.Equal(t, "pure Go (AVX2/FMA micro-kernel; gonum for float64)", Path())
 	} else {
@@ -268,7 +270,9 @@ func checkAgainstSimplego(t *testing.T, backend backends.Backend, rng *rand.Rand
 
 // TestRandomLayoutsMatchSimplego compares the kernel with simplego's own over random DotGeneral layouts and
 // checks that all three paths (in place, copied into gemm order, fallback) were taken.
-func TestRandomLayoutsMatchSimplego(t *testing.T) {
+func TestRandomLayoutsMatchSimplego(t *testing.T) { float32Kernels(t, testRandomLayoutsMatchSimplego) }
+
+func testRandomLayoutsMatchSimplego(t *testing.T) {
 	backend := newBackend(t)
 	rng := rand.New(rand.NewPCG(3, 4))
 	before := Calls()
@@ -353,6 +357,10 @@ func randomStridedCase(rng *rand.Rand) dotGeneralCase {
 // TestStridedLayoutsMatchSimplego compares the strided in-place path with simplego's own executor, in
 // float32 and float64, and checks that it ran.
 func TestStridedLayoutsMatchSimplego(t *testing.T) {
+	float32Kernels(t, testStridedLayoutsMatchSimplego)
+}
+
+func testStridedLayoutsMatchSimplego(t *testing.T) {
 	backend := newBackend(t)
 	rng := rand.New(rand.NewPCG(7, 8))
 	before := Calls()

@@ -74,8 +74,9 @@ func Uninstall() {
 func Installed() bool { return dotGeneralPatch.Installed() }
 
 // Path describes, for logs and benchmark reports, which kernel simplego's DotGeneral runs on now, e.g.
-// "OpenBLAS 0.3.21 Haswell (cblas_sgemm/dgemm), 2 threads", "pure Go (AVX2/FMA micro-kernel; gonum for
-// float64)", "pure Go (gonum)" or "pure Go (simplego)".
+// "OpenBLAS 0.3.21 Haswell (cblas_sgemm/dgemm), 2 threads", "OpenBLAS 0.3.21 Haswell (cblas_dgemm; float32
+// on the AVX-512 micro-kernel), 1 thread", "pure Go (AVX2/FMA micro-kernel; gonum for float64)",
+// "pure Go (gonum)" or "pure Go (simplego)".
 func Path() string {
 	if !Installed() {
 		return "pure Go (simplego)"

@@ -1,5 +1,6 @@
 // Package gemmtile holds the float32 matrix-multiply micro-kernel that goaccel's convolutions (and, without
-// OpenBLAS, its matrix products) run on: one call computes a tile of 6 rows × 16 (or 8) columns of
+// OpenBLAS or where OpenBLAS runs a 256-bit core on a processor with AVX-512, its matrix products) run on:
+// one call computes a tile of 6 rows × 16 (or 8) columns, or 64 (or 32) with AVX-512, of
 //
 //	C[i][j] (+)= Σ_k A_i[offsets[k]] · B[k·ldb + j]
 //
@@ -8,7 +9,9 @@
 // window (kernel rows and columns, input channels) and rows at the output positions' corners, it is the
 // convolution itself, read straight from the (padded) input, with no im2col matrix in between. The kernel
 // keeps the 6×16 tile in twelve AVX2 registers and streams A and B: at 2 fused multiply-adds per cycle it
-// needs no packing, since every element of B it loads feeds six rows.
+// needs no packing, since every element of B it loads feeds six rows. With AVX-512 (Wide) the 6×64 tile keeps
+// 24 registers of 16 lanes and does twice the multiply-adds per instruction, in the same order per element:
+// the wide and narrow tiles give bitwise the same results.
 //
 // The assembly runs on amd64 processors with AVX2 and FMA (Accelerated); the Go loop of the same sums is the
 // reference the tests hold it to, within the rounding of fused multiply-adds.
@@ -21,8 +24,9 @@ import (
 // Rows is the number of rows of a tile.
 const Rows = 6
 
-// Tile computes a tile of C: c[i·ldc + j] for i < Rows and j < width (16 or 8), as the sum over k < len(offsets)
-// of rows[i][offsets[k]] · b[k·ldb + j], added to what c holds when accumulate is set, else written over it.
+// Tile computes a tile of C: c[i·ldc + j] for i < Rows and j < width (64, 32, 16 or 8; 64 and 32 run in Go
+// without AVX-512), as the sum over k < len(offsets) of rows[i][offsets[k]] · b[k·ldb + j], added to what c
+// holds when accumulate is set, else written over it.
 //
 // The caller guarantees that every rows[i][offsets[k]] and b[k·ldb + j] lies inside the memory the pointers
 // and slices refer to: the kernel does not check.
@@ -41,6 +45,16 @@ func Tile(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []float
 	}
 	if accelerated {
 		switch width {
+		case 64:
+			if wide {
+				tile6x64(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
+				return
+			}
+		case 32:
+			if wide {
+				tile6x32(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
+				return
+			}
 		case 16:
 			tile6x16(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
 			return
@@ -71,6 +85,10 @@ func tileGo(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []flo
 
 // Accelerated reports whether the assembly kernel runs on this machine.
 func Accelerated() bool { return accelerated }
+
+// Wide reports whether the 512-bit (AVX-512) tiles of 32 and 64 columns run on this machine; without them
+// Product computes in tiles of 16 and 8 columns.
+func Wide() bool { return wide }
 
 // at is row's element at offset.
 func at(row *float32, offset int32) float32 {

@@ -46,7 +46,7 @@ func TestTileMatchesGo(t *testing.T) {
 		t.Skip("no AVX2 and FMA on this machine: there is no assembly to compare")
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, width := range []int{16, 8} {
+	for _, width := range []int{64, 32, 16, 8} {
 		for _, k := range []int{0, 1, 2, 7, 144, 1000} {
 			for _, accumulate := range []bool{false, true} {
 				name := fmt.Sprintf("width %d, k %d, accumulate %v", width, k, accumulate)

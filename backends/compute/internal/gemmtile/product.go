@@ -103,10 +103,7 @@ func (p Product) tiles(first, end int) {
 		}
 		direct := valid == Rows
 		for j := 0; j < p.N; {
-			width := 16
-			if whole-j < 16 {
-				width = 8
-			}
+			width := tileWidth(whole - j)
 			b, ldb := p.B[j:], p.LDB
 			if j >= whole {
 				b, ldb = tailB, 8
@@ -115,15 +112,32 @@ func (p Product) tiles(first, end int) {
 				Tile(p.C[r0*p.LDC+j:], p.LDC, &rows, p.Offsets, b, ldb, width, false)
 			} else {
 				if scratchC == nil {
-					scratchC = make([]float32, Rows*16)
+					scratchC = make([]float32, Rows*maxWidth)
 				}
-				Tile(scratchC, 16, &rows, p.Offsets, b, ldb, width, false)
+				Tile(scratchC, maxWidth, &rows, p.Offsets, b, ldb, width, false)
 				cols := min(width, p.N-j)
 				for i := range valid {
-					copy(p.C[(r0+i)*p.LDC+j:(r0+i)*p.LDC+j+cols], scratchC[i*16:i*16+cols])
+					copy(p.C[(r0+i)*p.LDC+j:(r0+i)*p.LDC+j+cols], scratchC[i*maxWidth:i*maxWidth+cols])
 				}
 			}
 			j += width
 		}
 	}
+}
+
+// maxWidth is the widest tile there is (the scratch a short tile is computed into).
+const maxWidth = 64
+
+// tileWidth is the widest tile this machine computes that fits in the columns left of the whole blocks of 8
+// (8 when fewer than 16 are left: the last block of 8 may be B's zero-padded tail).
+func tileWidth(left int) int {
+	switch {
+	case wide && left >= 64:
+		return 64
+	case wide && left >= 32:
+		return 32
+	case left >= 16:
+		return 16
+	}
+	return 8
 }

@@ -13,7 +13,7 @@ import (
 // several threads, against float64 sums; columns of C outside the product must stay as they were.
 func TestProductMatchesSums(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
-	for _, size := range [][3]int{{1, 1, 1}, {7, 3, 5}, {13, 17, 0}, {6, 16, 33}, {50, 40, 70}, {300, 24, 200}} {
+	for _, size := range [][3]int{{1, 1, 1}, {7, 3, 5}, {13, 17, 0}, {6, 16, 33}, {50, 40, 70}, {40, 136, 20}, {300, 24, 200}} {
 		for _, transA := range []bool{false, true} {
 			for _, threads := range []int{1, 3} {
 				m, n, k := size[0], size[1], size[2]
@@ -69,10 +69,94 @@ func TestProductMatchesSums(t *testing.T) {
 	}
 }
 
+// TestWideTilesMatchNarrow: the 512-bit tiles compute the same fused multiply-adds in the same order as the
+// 256-bit ones, so a product comes out bitwise the same either way (plain and transposed A, ragged sizes).
+func TestWideTilesMatchNarrow(t *testing.T) {
+	if !wide {
+		t.Skip("no AVX-512 on this machine: there are no 512-bit tiles to compare")
+	}
+	t.Cleanup(func() { wide = true })
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, size := range [][3]int{{6, 64, 5}, {13, 100, 37}, {64, 32, 64}, {130, 200, 129}, {7, 72, 300}} {
+		for _, transA := range []bool{false, true} {
+			m, n, k := size[0], size[1], size[2]
+			a, b := make([]float32, m*k), make([]float32, k*n)
+			for i := range a {
+				a[i] = rng.Float32()*2 - 1
+			}
+			for i := range b {
+				b[i] = rng.Float32()*2 - 1
+			}
+			p := Product{A: a, B: b, LDB: n, N: n, LDC: n}
+			for i := range m {
+				p.RowStarts = append(p.RowStarts, pick(transA, i, i*k))
+			}
+			for kk := range k {
+				p.Offsets = append(p.Offsets, int32(pick(transA, kk*m, kk)))
+			}
+			results := make([][]float32, 2)
+			for i, useWide := range []bool{false, true} {
+				wide = useWide
+				p.C = make([]float32, m*n)
+				p.Run(1)
+				results[i] = p.C
+			}
+			require.Equal(t, results[0], results[1], "%d×%d×%d transA=%v", m, n, k, transA)
+		}
+	}
+}
+
 // TestProductRefusesOutOfBounds: a row start past A is a panic, not a stray read.
 func TestProductRefusesOutOfBounds(t *testing.T) {
 	p := Product{A: make([]float32, 10), RowStarts: []int{0, 8}, Offsets: []int32{0, 1, 2}, B: make([]float32, 3*8),
 		LDB: 8, N: 8, C: make([]float32, 16), LDC: 8}
 	require.PanicsWithValue(t, "gemmtile: product reads A[10] of 10, B[23] of 24 (ldb 8), writes C[15] of 16 (ldc 8) for 2×8×3",
 		func() { p.Run(1) })
+}
+
+// BenchmarkProduct times the transformer example's products (2048 positions, width 128, MLP 512; the
+// weight gradients sum over the 2048 positions with A transposed) with the 512-bit tiles and without.
+func BenchmarkProduct(b *testing.B) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, size := range []struct {
+		m, n, k int
+		transA  bool
+	}{{2048, 128, 128, false}, {2048, 512, 128, false}, {2048, 128, 512, false}, {128, 128, 2048, true},
+		{512, 128, 2048, true}, {128, 512, 2048, true}, {64, 64, 32, false}, {64, 32, 64, false}} {
+		a, bm, c := make([]float32, size.m*size.k), make([]float32, size.k*size.n), make([]float32, size.m*size.n)
+		for i := range a {
+			a[i] = rng.Float32()
+		}
+		for i := range bm {
+			bm[i] = rng.Float32()
+		}
+		p := Product{A: a, B: bm, LDB: size.n, N: size.n, C: c, LDC: size.n}
+		for i := range size.m {
+			p.RowStarts = append(p.RowStarts, pick(size.transA, i, i*size.k))
+		}
+		for kk := range size.k {
+			p.Offsets = append(p.Offsets, int32(pick(size.transA, kk*size.m, kk)))
+		}
+		for _, useWide := range []bool{false, true} {
+			if useWide && !wide {
+				continue
+			}
+			b.Run(fmt.Sprintf("%dx%dx%d transA=%v wide=%v", size.m, size.n, size.k, size.transA, useWide), func(b *testing.B) {
+				saved := wide
+				wide = useWide
+				defer func() { wide = saved }()
+				for b.Loop() {
+					p.Run(1)
+				}
+				b.ReportMetric(2*float64(size.m*size.n*size.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
+
+func pick(cond bool, yes, no int) int {
+	if cond {
+		return yes
+	}
+	return no
 }

@@ -3,12 +3,20 @@
 package gemmtile
 
 // Without assembly Tile runs tileGo.
-var accelerated = false
+var accelerated, wide = false, false
 
 func tile6x16(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
 	panic("gemmtile: no assembly on this architecture")
 }
 
 func tile6x8(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
+	panic("gemmtile: no assembly on this architecture")
+}
+
+func tile6x64(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
+	panic("gemmtile: no assembly on this architecture")
+}
+
+func tile6x32(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
 	panic("gemmtile: no assembly on this architecture")
 }

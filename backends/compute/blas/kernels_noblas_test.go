@@ -1,0 +1,8 @@
+//go:build !blas
+
+package blas
+
+import "testing"
+
+// float32Kernels runs test once: without OpenBLAS float32 products have one kernel (the tiles, or gonum).
+func float32Kernels(t *testing.T, test func(t *testing.T)) { test(t) }
