@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/goaccel/goaccel/backends/compute/internal/gemmtile"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 )
@@ -34,19 +35,24 @@ var benchmarkProducts = []struct {
 }
 
 // BenchmarkDotGeneral compares simplego's own kernel with the installed one (gonum without the blas tag,
-// OpenBLAS at 1 and 2 threads with it) and reports GFLOP/s.
+// OpenBLAS at 1 and 2 threads with it, and gemmtile's 512-bit tiles where the processor has AVX-512) and
+// reports GFLOP/s.
 func BenchmarkDotGeneral(b *testing.B) {
 	backend := newBackend(b)
 	rng := rand.New(rand.NewPCG(9, 10))
 	type kernel struct {
 		name    string
-		threads int // 0: simplego's own kernel.
+		threads int  // 0: simplego's own kernel.
+		tiles   bool // float32 on gemmtile's 512-bit tiles rather than OpenBLAS (blas build)
 	}
-	kernels := []kernel{{"simplego", 0}}
+	kernels := []kernel{{"simplego", 0, false}}
 	if Built {
-		kernels = append(kernels, kernel{"openblas-1t", 1}, kernel{"openblas-2t", 2})
+		kernels = append(kernels, kernel{"openblas-1t", 1, false}, kernel{"openblas-2t", 2, false})
+		if gemmtile.Wide() {
+			kernels = append(kernels, kernel{"tiles-1t", 1, true}, kernel{"tiles-2t", 2, true})
+		}
 	} else {
-		kernels = append(kernels, kernel{"gonum", -1})
+		kernels = append(kernels, kernel{"gonum", -1, false})
 	}
 	for _, product := range benchmarkProducts {
 		lhs := randomTensor(rng, dtypes.Float32, product.lhsDims)
@@ -63,6 +69,7 @@ func BenchmarkDotGeneral(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer Uninstall()
+				defer forceFloat32Tiles(k.tiles)()
 				exec.MustExec1(lhs, rhs).MustFinalizeAll() // Warm up: compile, move inputs on device.
 				for b.Loop() {
 					exec.MustExec1(lhs, rhs).MustFinalizeAll()

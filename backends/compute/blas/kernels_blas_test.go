@@ -41,6 +41,13 @@ func TestPathNamesTheFloat32Kernel(t *testing.T) {
 	assert.Equal(t, gemmtile.Wide() && !avx512Core(openblasCore()), float32OnTiles)
 }
 
+// forceFloat32Tiles sets where float32 products run (tiles or OpenBLAS) until the returned func restores it.
+func forceFloat32Tiles(onTiles bool) (restore func()) {
+	saved := float32OnTiles
+	float32OnTiles = onTiles
+	return func() { float32OnTiles = saved }
+}
+
 func TestAVX512CoreNames(t *testing.T) {
 	for name, want := range map[string]bool{"Haswell": false, "Zen": false, "SkylakeX": true, "COOPERLAKE": true,
 		"SapphireRapids": true, "Prescott": false} {

@@ -6,3 +6,6 @@ import "testing"
 
 // float32Kernels runs test once: without OpenBLAS float32 products have one kernel (the tiles, or gonum).
 func float32Kernels(t *testing.T, test func(t *testing.T)) { test(t) }
+
+// forceFloat32Tiles does nothing: without OpenBLAS there is no other float32 kernel to choose.
+func forceFloat32Tiles(bool) (restore func()) { return func() {} }

@@ -1,6 +1,8 @@
 package blas
 
 import (
+	"sync"
+
 	"github.com/goaccel/goaccel/backends/compute/internal/gemmtile"
 	"github.com/goaccel/goaccel/backends/compute/internal/threads"
 )
@@ -20,7 +22,9 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 	strideC := g.m * g.n
 	var transposed []float32
 	if g.transB {
-		transposed = make([]float32, g.k*g.n)
+		scratch := getScratch(g.k * g.n)
+		defer transposedScratch.Put(scratch)
+		transposed = (*scratch)[:g.k*g.n]
 	}
 	for i := range g.batch {
 		bi, ldbi := b[g.startB(i):], ldb
@@ -44,4 +48,17 @@ func transposeRows(dst, src []float32, rows, cols, ld int) {
 			dst[c*rows+r] = v
 		}
 	}
+}
+
+// transposedScratch holds the buffers transposed B operands are copied into, so that products of the same
+// sizes step after step reuse memory instead of allocating (and the kernel faulting in) a fresh operand.
+var transposedScratch sync.Pool
+
+// getScratch returns a buffer of at least n elements from transposedScratch.
+func getScratch(n int) *[]float32 {
+	if scratch, ok := transposedScratch.Get().(*[]float32); ok && cap(*scratch) >= n {
+		return scratch
+	}
+	scratch := make([]float32, n)
+	return &scratch
 }
