@@ -18,21 +18,25 @@ type machine struct {
 	MemoryGiB                  float64
 	OS, Kernel, Go, GoMLX, MPI string
 	PyTorch                    string // the end-to-end section's reference ("": not run)
-	Goaccel                    string // the commit measured, noting uncommitted changes
-	LoadBefore, LoadAfter      string
+	// OpenBLASCore is OPENBLAS_CORETYPE as every measured process inherits it: OpenBLAS (goaccel's with
+	// -tags blas, and PyTorch's) runs that core's kernels instead of the processor's own ("": unset).
+	OpenBLASCore          string
+	Goaccel               string // the commit measured, noting uncommitted changes
+	LoadBefore, LoadAfter string
 }
 
 // describeMachine reads the machine's description from /proc, the build and git.
 func describeMachine() machine {
 	m := machine{
-		CPU:        firstField("/proc/cpuinfo", "model name", ":"),
-		Cores:      runtime.NumCPU(),
-		OS:         strings.Trim(firstField("/etc/os-release", "PRETTY_NAME", "="), `"`),
-		Kernel:     firstField("/proc/sys/kernel/osrelease", "", ""),
-		Go:         runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
-		MPI:        mpi.LibraryVersion(),
-		LoadBefore: loadAverage(),
-		Goaccel:    sourceRevision(),
+		CPU:          firstField("/proc/cpuinfo", "model name", ":"),
+		Cores:        runtime.NumCPU(),
+		OS:           strings.Trim(firstField("/etc/os-release", "PRETTY_NAME", "="), `"`),
+		Kernel:       firstField("/proc/sys/kernel/osrelease", "", ""),
+		Go:           runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
+		MPI:          mpi.LibraryVersion(),
+		LoadBefore:   loadAverage(),
+		Goaccel:      sourceRevision(),
+		OpenBLASCore: os.Getenv("OPENBLAS_CORETYPE"),
 	}
 	if kb, err := strconv.ParseFloat(strings.TrimSuffix(firstField("/proc/meminfo", "MemTotal", ":"), " kB"), 64); err == nil {
 		m.MemoryGiB = kb / (1 << 20)

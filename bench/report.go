@@ -99,6 +99,11 @@ func (r *reporter) header() {
 	if m.PyTorch != "" {
 		rows = append(rows, []string{"PyTorch", m.PyTorch + ", CPU"})
 	}
+	openblas := "unset: OpenBLAS runs the processor's own core"
+	if m.OpenBLASCore != "" {
+		openblas = m.OpenBLASCore + ": OpenBLAS runs that core's kernels, in goaccel and PyTorch alike"
+	}
+	rows = append(rows, []string{"`OPENBLAS_CORETYPE`", openblas})
 	r.table([]string{"Machine", ""}, append(rows, []string{"goaccel", orDash(m.Goaccel)},
 		[]string{"Load average (1, 5, 15 min)", orDash(m.LoadBefore) + " at the start, " + orDash(m.LoadAfter) + " at the end"}))
 	if load := max(loadOf(m.LoadBefore), loadOf(m.LoadAfter)); m.Cores > 0 && load > 0.5*float64(m.Cores) {
