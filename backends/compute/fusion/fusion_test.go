@@ -109,6 +109,15 @@ var cases = []fusionCase{
 		zero := graph.BroadcastToShape(graph.Const(x[0].Graph(), float32(0)), x[0].Shape())
 		return []*graph.Node{graph.Where(graph.LessOrEqual(x[0], x[1]), x[0], zero)}
 	}},
+	{name: "operations on a broadcast scalar", shapes: []shapes.Shape{f32(), f32(), f32(64)}, chains: -1,
+		fn: func(x []*graph.Node) []*graph.Node {
+			// A mean's gradient is a scalar spread over the input's shape: unary and binary operations of
+			// such scalars alone run on a register holding it.
+			spread := func(v *graph.Node) *graph.Node { return graph.BroadcastToShape(v, x[2].Shape()) }
+			negated := graph.Neg(spread(x[0]))
+			sum := graph.Add(spread(x[0]), spread(x[1]))
+			return []*graph.Node{negated, graph.Exp(sum), graph.Mul(graph.Sqrt(graph.Abs(spread(x[1]))), x[2])}
+		}},
 	{name: "a value read twice stays a node", shapes: []shapes.Shape{f32(40, 40)}, chains: 3,
 		fn: func(x []*graph.Node) []*graph.Node {
 			e := graph.Exp(graph.Neg(x[0]))

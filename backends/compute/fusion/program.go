@@ -186,8 +186,15 @@ func compile(c *chain, elements map[*simplego.Node]element, chainOf map[*simpleg
 			continue
 		}
 		in := instr{kind: e.kind, op: e.op, unary: e.unary, dst: -1}
-		if e.kind == selectElement {
+		// The loops read whole tiles, except a binary operation's one scalar side: every other operand that
+		// is a scalar (a broadcast constant, such as a mean's gradient) is spread into a register first.
+		switch {
+		case e.kind == selectElement:
 			args[0], args[1], args[2] = splat(args[0]), splat(args[1]), splat(args[2])
+		case e.kind == unaryElement:
+			args[0] = splat(args[0])
+		case e.kind == binaryElement && args[0].kind == inScalar && args[1].kind == inScalar:
+			args[0] = splat(args[0])
 		}
 		copy(in.args[:], args)
 		if member != c.root {
