@@ -113,8 +113,8 @@ func newWindowSource(text []byte, context, count int) (*windowSource, error) {
 
 func (s *windowSource) Len() int { return len(s.starts) }
 
-// Batch returns int32 inputs [b, context] and labels [b, context, 1] (GoMLX's sparse cross-entropy takes
-// class indices with a last axis of 1).
+// Batch returns int32 inputs [b, context] and labels [b, context, 1] (nextByteLoss, like GoMLX's sparse
+// cross-entropy, takes class indices with a last axis of 1).
 func (s *windowSource) Batch(indices []int) (inputs, labels []*tensors.Tensor, err error) {
 	if len(indices) == 0 {
 		return nil, nil, errors.New("an empty batch of windows")

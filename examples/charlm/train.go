@@ -8,7 +8,6 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
-	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
@@ -43,7 +42,7 @@ const lossWindow = 20
 func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Writer) (*trainResult, error) {
 	ctx := context.New()
 	ctx.SetParam(context.ParamInitialSeed, int64(cfg.seed))
-	model, err := acc.PrepareModel(ctx, transformer(cfg.arch), losses.SparseCategoricalCrossEntropyLogits)
+	model, err := acc.PrepareModel(ctx, transformer(cfg.arch), nextByteLoss)
 	if err != nil {
 		return nil, err
 	}
