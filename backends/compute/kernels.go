@@ -13,6 +13,7 @@ import (
 	"github.com/goaccel/goaccel/backends/compute/elementwise"
 	"github.com/goaccel/goaccel/backends/compute/fusion"
 	"github.com/goaccel/goaccel/backends/compute/gemmgrad"
+	"github.com/goaccel/goaccel/backends/compute/indexing"
 	"github.com/goaccel/goaccel/backends/compute/internal/threads"
 	"github.com/goaccel/goaccel/internal/vec32"
 )
@@ -65,6 +66,9 @@ type Kernels struct {
 	// Elementwise describes how the pure-Go backend runs element-wise operations: chains fused into single
 	// passes (package fusion), and whether its loops are AVX2 assembly or Go.
 	Elementwise string
+	// Indexing describes how the pure-Go backend runs Gather and ScatterSum (package indexing): whole rows
+	// at a time, or element by element.
+	Indexing string
 }
 
 var (
@@ -110,6 +114,10 @@ func CurrentKernels() Kernels {
 	case elementwise.Installed():
 		k.Elementwise = "one operation at a time, " + loops
 	}
+	k.Indexing = "element by element (GoMLX's loops)"
+	if indexing.Installed() {
+		k.Indexing = "gathers and scatter-adds of whole rows (embeddings, picked labels) row by row; others element by element"
+	}
 	opsMu.Lock()
 	k.Ops = opsSchedule
 	opsMu.Unlock()
@@ -150,6 +158,10 @@ func setUpKernels(cfg Config, backendName string) (err error) {
 	// the same operations as those executors, chain by chain: on too, installed after them so that its
 	// executors fall back on theirs for the nodes it did not fuse.
 	if err := elementwise.Install(); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
+	// Row gathers and scatters give simplego's own results (sums in the same order): always on.
+	if err := indexing.Install(); err != nil {
 		return fmt.Errorf("compute: %w", err)
 	}
 	if err := fusion.Install(); err != nil {

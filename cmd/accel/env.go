@@ -176,7 +176,7 @@ func describeKernels(cfg compute.Config, topo backends.Topology) []entry {
 	}[k.Ops]
 	return []entry{{"Gradients", cmp.Or(gradients, k.Gradients)}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
 		{"Operations", cmp.Or(ops, k.Ops)},
-		{"Convolutions", k.Convolutions}, {"Element-wise", k.Elementwise}}
+		{"Convolutions", k.Convolutions}, {"Element-wise", k.Elementwise}, {"Gathers and scatters", k.Indexing}}
 }
 
 // relevantEnvironment lists the variables that change what goaccel, GoMLX or Open MPI do.

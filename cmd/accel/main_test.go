@@ -252,6 +252,7 @@ func Example_env() {
 	// Operations
 	// Convolutions
 	// Element-wise
+	// Gathers and scatters
 	// Environment
 }
 
@@ -290,6 +291,8 @@ func TestEnvReportsKernels(t *testing.T) {
 	assert.Equal(t, "im2col + gemm executors", report()["Convolutions"], "the default comes back")
 	assert.True(t, strings.HasPrefix(report()["Element-wise"], "chains of operations fused into single passes, "),
 		report()["Element-wise"])
+	assert.True(t, strings.HasPrefix(report()["Gathers and scatters"], "gathers and scatter-adds of whole rows"),
+		report()["Gathers and scatters"])
 }
 
 // TestLaunchProgramThatCannotRun: a missing or non-executable program gets a shell's exit code (127, 126)

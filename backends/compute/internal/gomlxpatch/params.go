@@ -161,3 +161,21 @@ func (r *ParamsReader) Struct(name string, want reflect.Type, read func(fields *
 	read(fields)
 	r.Err = fields.Err
 }
+
+// SimplegoPackagePath is the import path of GoMLX's pure-Go backend, where the parameter structs of its
+// nodes (NodeData) are declared.
+const SimplegoPackagePath = "github.com/gomlx/gomlx/backends/simplego"
+
+// NewNodeDataReader returns a reader of a simplego node's parameter struct (NodeData), which must be a
+// pointer to simplego.<typeName>.
+func NewNodeDataReader(data any, typeName string) (*ParamsReader, error) {
+	params := reflect.ValueOf(data)
+	if params.Kind() != reflect.Pointer || params.IsNil() || params.Elem().Kind() != reflect.Struct {
+		return nil, fmt.Errorf("a simplego node's data is a %T, not a pointer to a struct", data)
+	}
+	params = params.Elem()
+	if params.Type().Name() != typeName || params.Type().PkgPath() != SimplegoPackagePath {
+		return nil, fmt.Errorf("a simplego node's data is a %s, not %s.%s", params.Type(), SimplegoPackagePath, typeName)
+	}
+	return &ParamsReader{Params: params}, nil
+}
