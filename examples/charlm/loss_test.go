@@ -1,11 +1,13 @@
 package main
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/layers/activations"
 	"github.com/gomlx/gomlx/pkg/ml/train/losses"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,4 +75,35 @@ func TestNextByteLossRefusesMismatchedLabels(t *testing.T) {
 	_, err = exec.Exec(logits, tensors.FromValue([]int32{1}))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "do not match logits")
+}
+
+// TestGeluMatchesGoMLX holds gelu to GoMLX's Gelu: the same values, and the gradient within float32
+// rounding of GoMLX's operation-by-operation one, on activations of the sizes a transformer's MLP sees.
+func TestGeluMatchesGoMLX(t *testing.T) {
+	acc, err := accel.New()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, acc.Close()) }()
+	valueAndGradient := func(f func(*graph.Node) *graph.Node) func(x, weights *graph.Node) []*graph.Node {
+		return func(x, weights *graph.Node) []*graph.Node {
+			y := f(x)
+			return []*graph.Node{y, graph.Gradient(graph.ReduceAllSum(graph.Mul(y, weights)), x)[0]}
+		}
+	}
+	ours := graph.MustNewExec(acc.Backend(), valueAndGradient(gelu))
+	gomlx := graph.MustNewExec(acc.Backend(), valueAndGradient(activations.Gelu))
+	rng := rand.New(rand.NewPCG(7, 11))
+	const n = 3 * 1024
+	x, weights := make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i] = 8 * (2*rng.Float32() - 1) // far into both tails
+		weights[i] = 2*rng.Float32() - 1
+	}
+	x[0], x[1] = 0, -30
+	xT, wT := tensors.FromFlatDataAndDimensions(x, 3, 1024), tensors.FromFlatDataAndDimensions(weights, 3, 1024)
+	got, want := ours.MustExec(xT, wT), gomlx.MustExec(xT, wT)
+	assert.Equal(t, tensors.MustCopyFlatData[float32](want[0]), tensors.MustCopyFlatData[float32](got[0]), "values")
+	wantGrad, gotGrad := tensors.MustCopyFlatData[float32](want[1]), tensors.MustCopyFlatData[float32](got[1])
+	for i := range wantGrad {
+		require.InDelta(t, wantGrad[i], gotGrad[i], 1e-6+1e-6*math.Abs(float64(wantGrad[i])), "gradient at x = %g", x[i])
+	}
 }

@@ -67,12 +67,33 @@ func transformer(arch architecture) prepare.ModelFn {
 				UseCausalMask().Done()
 			x = Add(x, h)
 			h = layerNorm(block.In("mlp_norm"), x)
-			h = activations.Gelu(layers.Dense(block.In("mlp_in"), h, true, mlpExpansion*arch.dModel))
+			h = gelu(layers.Dense(block.In("mlp_in"), h, true, mlpExpansion*arch.dModel))
 			x = Add(x, layers.Dense(block.In("mlp_out"), h, true, arch.dModel))
 		}
 		x = layerNorm(ctx.In("final_norm"), x)
 		return []*Node{layers.Dense(ctx.In("output"), x, true, vocabSize)}
 	}
+}
+
+// gelu is activations.Gelu, x·Φ(x) with Φ the standard normal distribution's CDF, with its gradient
+// written as one expression of x: Φ(x) + x·φ(x), φ the distribution's density. Differentiated operation
+// by operation, GoMLX's Gelu keeps x/√2 and Φ(x) from the forward pass as tensors of their own (each is
+// read twice, so neither can join a fused chain) and takes the cotangent through two more passes of its
+// own; here the forward pass is one fused chain and the backward pass another, both reading x alone.
+// The forward value is Gelu's, plus x − x (zero for any finite x): what carries the gradient.
+func gelu(x *Node) *Node {
+	value := StopGradient(activations.Gelu(x))
+	carrier := IdentityWithCustomGradient(x, func(_, cotangent *Node) *Node {
+		return Mul(cotangent, geluDerivative(x))
+	})
+	return Add(value, Sub(carrier, StopGradient(x)))
+}
+
+// geluDerivative is dGELU/dx = Φ(x) + x·φ(x).
+func geluDerivative(x *Node) *Node {
+	cdf := MulScalar(OnePlus(Erf(MulScalar(x, 1/math.Sqrt2))), 0.5)
+	density := MulScalar(Exp(MulScalar(Square(x), -0.5)), 1/math.Sqrt(2*math.Pi))
+	return Add(cdf, Mul(x, density))
 }
 
 // layerNorm normalises over the feature axis, with a learned gain and offset.

@@ -118,6 +118,14 @@ var cases = []fusionCase{
 			sum := graph.Add(spread(x[0]), spread(x[1]))
 			return []*graph.Node{negated, graph.Exp(sum), graph.Mul(graph.Sqrt(graph.Abs(spread(x[1]))), x[2])}
 		}},
+	{name: "Identity nodes are the value itself", shapes: []shapes.Shape{f32(30, 20)}, chains: 1,
+		fn: func(x []*graph.Node) []*graph.Node {
+			// StopGradient and IdentityWithCustomGradient are Identity nodes of the backend: x·2 + (x − x)
+			// through them is one chain, where simplego would copy x (read elsewhere) for each.
+			through := graph.IdentityWithCustomGradient(x[0], func(_, v *graph.Node) *graph.Node { return v })
+			zero := graph.Sub(through, graph.StopGradient(x[0]))
+			return []*graph.Node{graph.Add(graph.StopGradient(graph.MulScalar(x[0], 2)), zero)}
+		}},
 	{name: "a value read twice stays a node", shapes: []shapes.Shape{f32(40, 40)}, chains: 3,
 		fn: func(x []*graph.Node) []*graph.Node {
 			e := graph.Exp(graph.Neg(x[0]))

@@ -89,7 +89,7 @@ const (
 	binaryElement
 	unaryElement
 	selectElement
-	convertElement // bool (held as 1 or 0) to float32: the value itself
+	convertElement // bool (held as 1 or 0) to float32, or a float32 Identity: the value itself
 )
 
 var binaryOps = map[backends.OpType]vec32.Op{
@@ -107,7 +107,7 @@ var unaryOps = map[backends.OpType]vec32.Unary{
 
 // classify says what node computes, if it is an element-wise operation a program can run: float32
 // arithmetic, comparisons of float32 (whose booleans a program holds as 1 and 0), Where choosing between
-// float32 values, and conversions of booleans to float32. Operands must have the node's shape, a single
+// float32 values, conversions of booleans to float32, and float32 Identity nodes. Operands must have the node's shape, a single
 // element, or (for binary operations) a broadcast of a contiguous run of its axes.
 func classify(node *simplego.Node) element {
 	opType, ok := gomlxpatch.NodeOpType(node)
@@ -155,6 +155,12 @@ func classify(node *simplego.Node) element {
 		}
 	case backends.OpTypeConvertDType:
 		if len(inputs) == 1 && shape.DType == dtypes.Float32 && operand(0, dtypes.Bool, false) {
+			return element{kind: convertElement, opType: opType}
+		}
+	case backends.OpTypeIdentity:
+		// GoMLX's StopGradient and custom gradients are Identity nodes: inside a chain they are the value
+		// itself, where simplego would copy a tensor that something else still reads.
+		if len(inputs) == 1 && shape.DType == dtypes.Float32 && operand(0, dtypes.Float32, false) {
 			return element{kind: convertElement, opType: opType}
 		}
 	}
