@@ -306,3 +306,21 @@ func TestFusedNodesReadBroadcastSources(t *testing.T) {
 	exec.MustExec(x)
 	assert.Equal(t, before, elementwise.Calls().BroadcastInDims, "a broadcast ran")
 }
+
+// TestFusedNodesAreNotIdentities: a fused node is an Identity node of simplego carrying its program; a
+// backend extended twice fuses the graph twice, and the second pass must not take a fused node of one
+// input for a plain Identity (the value of its input).
+func TestFusedNodesAreNotIdentities(t *testing.T) {
+	unfused, fused := backendsUnderTest(t)
+	twice := Extend(fused)
+	x := computetest.RandomTensor(rand.New(rand.NewPCG(4, 4)), f32(25, 40))
+	chain := func(x *graph.Node) *graph.Node { return graph.Sqrt(graph.Exp(graph.Neg(x))) } // x its only input
+	local := func() *tensors.Tensor {
+		clone, err := x.LocalClone()
+		require.NoError(t, err)
+		return clone
+	}
+	want := graph.MustExecOnce(unfused, chain, local())
+	got := graph.MustExecOnce(twice, chain, local())
+	sameValues(t, want, got, "a chain of one input, fused by a backend extended twice")
+}

@@ -159,8 +159,10 @@ func classify(node *simplego.Node) element {
 		}
 	case backends.OpTypeIdentity:
 		// GoMLX's StopGradient and custom gradients are Identity nodes: inside a chain they are the value
-		// itself, where simplego would copy a tensor that something else still reads.
-		if len(inputs) == 1 && shape.DType == dtypes.Float32 && operand(0, dtypes.Float32, false) {
+		// itself, where simplego would copy a tensor that something else still reads. A fused node is an
+		// Identity too, but carries its program: never the value of its input.
+		if len(inputs) == 1 && gomlxpatch.NodeData(node) == nil && shape.DType == dtypes.Float32 &&
+			operand(0, dtypes.Float32, false) {
 			return element{kind: convertElement, opType: opType}
 		}
 	}
