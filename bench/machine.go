@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -28,7 +29,7 @@ type machine struct {
 // describeMachine reads the machine's description from /proc, the build and git.
 func describeMachine() machine {
 	m := machine{
-		CPU:          firstField("/proc/cpuinfo", "model name", ":"),
+		CPU:          cpuName(),
 		Cores:        runtime.NumCPU(),
 		OS:           strings.Trim(firstField("/etc/os-release", "PRETTY_NAME", "="), `"`),
 		Kernel:       firstField("/proc/sys/kernel/osrelease", "", ""),
@@ -72,6 +73,18 @@ func sourceRevision() string {
 func loadAverage() string {
 	f := strings.Fields(firstField("/proc/loadavg", "", ""))
 	return strings.Join(f[:min(len(f), 3)], " ")
+}
+
+// cpuName is the processor's model name with its family and model numbers, which tell generations apart
+// where the name does not ("AMD EPYC" is Zen 4 in family 25, Zen 5 in family 26): the width of the vector
+// units, and so how fast both frameworks' products run, depends on them.
+func cpuName() string {
+	name := firstField("/proc/cpuinfo", "model name", ":")
+	family, model := firstField("/proc/cpuinfo", "cpu family", ":"), firstField("/proc/cpuinfo", "model", ":")
+	if family == "" || model == "" {
+		return name
+	}
+	return fmt.Sprintf("%s (family %s, model %s)", name, family, model)
 }
 
 // firstField returns the value of the first "key<sep>value" line of a file; with an empty key, the
