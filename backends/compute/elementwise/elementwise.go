@@ -88,18 +88,11 @@ func Calls() Counts {
 func Install() error {
 	installMu.Lock()
 	defer installMu.Unlock()
-	for _, patch := range patches {
-		replaced, err := patch.Install()
-		if err == nil && replaced == nil {
-			err = fmt.Errorf("simplego has no %s executor to fall back on", patch.OpType)
-		}
-		if err != nil {
-			for _, p := range patches {
-				p.Uninstall()
-			}
-			return fmt.Errorf("elementwise: %w", err)
-		}
-		fallbacks[patch.OpType] = replaced
+	err := gomlxpatch.InstallReplacing(patches, func(opType backends.OpType, replaced gomlxpatch.Executor) {
+		fallbacks[opType] = replaced
+	})
+	if err != nil {
+		return fmt.Errorf("elementwise: %w", err)
 	}
 	return nil
 }
@@ -108,9 +101,7 @@ func Install() error {
 func Uninstall() {
 	installMu.Lock()
 	defer installMu.Unlock()
-	for _, patch := range patches {
-		patch.Uninstall()
-	}
+	gomlxpatch.UninstallAll(patches)
 }
 
 // Installed reports whether the executors are in simplego's table.

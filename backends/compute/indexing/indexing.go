@@ -35,8 +35,8 @@ var (
 		{OpType: backends.OpTypeGather, Executor: execGather},
 		{OpType: backends.OpTypeScatterSum, Executor: execScatterSum},
 	}
-	// fallbacks holds simplego's own executors, found at Install.
-	fallbacks = map[backends.OpType]gomlxpatch.Executor{}
+	// fallbacks holds simplego's own executor per op type, found at Install.
+	fallbacks [backends.OpTypeLast]gomlxpatch.Executor
 
 	gatherCalls, scatterCalls atomic.Uint64
 )
@@ -46,20 +46,11 @@ var (
 func Install() error {
 	installMu.Lock()
 	defer installMu.Unlock()
-	for _, p := range patches {
-		if p.Installed() {
-			continue
-		}
-		replaced, err := p.Install()
-		if err == nil && replaced == nil {
-			p.Uninstall()
-			err = fmt.Errorf("simplego has no %s executor to fall back on", p.OpType)
-		}
-		if err != nil {
-			uninstallLocked()
-			return fmt.Errorf("indexing: %w", err)
-		}
-		fallbacks[p.OpType] = replaced
+	err := gomlxpatch.InstallReplacing(patches, func(opType backends.OpType, replaced gomlxpatch.Executor) {
+		fallbacks[opType] = replaced
+	})
+	if err != nil {
+		return fmt.Errorf("indexing: %w", err)
 	}
 	return nil
 }
@@ -68,13 +59,7 @@ func Install() error {
 func Uninstall() {
 	installMu.Lock()
 	defer installMu.Unlock()
-	uninstallLocked()
-}
-
-func uninstallLocked() {
-	for _, p := range patches {
-		p.Uninstall()
-	}
+	gomlxpatch.UninstallAll(patches)
 }
 
 // Installed reports whether the executors are in simplego's table.

@@ -302,3 +302,29 @@ func (m *DataMirror[T]) check(dataType reflect.Type) error {
 	}
 	return nil
 }
+
+// InstallReplacing installs every patch, each of which must replace an executor simplego has (the
+// fallback for what the new executor does not handle), and hands each replaced executor to keep. On any
+// failure it uninstalls them all, leaving simplego's table as it was, and returns the error. Like
+// ExecutorPatch.Install it is idempotent.
+func InstallReplacing(patches []*ExecutorPatch, keep func(opType backends.OpType, replaced Executor)) error {
+	for _, patch := range patches {
+		replaced, err := patch.Install()
+		if err == nil && replaced == nil {
+			err = fmt.Errorf("simplego has no %s executor to fall back on", patch.OpType)
+		}
+		if err != nil {
+			UninstallAll(patches)
+			return err
+		}
+		keep(patch.OpType, replaced)
+	}
+	return nil
+}
+
+// UninstallAll restores the entries the patches replaced.
+func UninstallAll(patches []*ExecutorPatch) {
+	for _, patch := range patches {
+		patch.Uninstall()
+	}
+}
