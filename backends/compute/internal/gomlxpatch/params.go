@@ -57,15 +57,19 @@ func NewParamsReader(node *graph.Node, typeName string) (*ParamsReader, error) {
 	if inputs.IsNil() {
 		return nil, fmt.Errorf("graph.Node.%s of %s node is nil", NodeInputsField, node.Type())
 	}
-	params := inputs.Elem()
-	if params.Kind() != reflect.Pointer || params.IsNil() || params.Elem().Kind() != reflect.Struct {
-		return nil, fmt.Errorf("graph.Node.%s of %s node holds a %s, not a pointer to a struct",
-			NodeInputsField, node.Type(), params.Type())
+	return structReader(inputs.Elem(), GraphPackagePath, typeName,
+		fmt.Sprintf("graph.Node.%s of %s node", NodeInputsField, node.Type()))
+}
+
+// structReader returns a reader of the struct ptr points to, which must be pkgPath.typeName; what names
+// the value in errors.
+func structReader(ptr reflect.Value, pkgPath, typeName, what string) (*ParamsReader, error) {
+	if ptr.Kind() != reflect.Pointer || ptr.IsNil() || ptr.Elem().Kind() != reflect.Struct {
+		return nil, fmt.Errorf("%s holds a %s, not a pointer to a struct", what, ptr.Type())
 	}
-	params = params.Elem()
-	if params.Type().Name() != typeName || params.Type().PkgPath() != GraphPackagePath {
-		return nil, fmt.Errorf("the parameters of %s node are a %s, not %s.%s",
-			node.Type(), params.Type(), GraphPackagePath, typeName)
+	params := ptr.Elem()
+	if params.Type().Name() != typeName || params.Type().PkgPath() != pkgPath {
+		return nil, fmt.Errorf("%s is a %s, not %s.%s", what, params.Type(), pkgPath, typeName)
 	}
 	return &ParamsReader{Params: params}, nil
 }
@@ -169,13 +173,8 @@ const SimplegoPackagePath = "github.com/gomlx/gomlx/backends/simplego"
 // NewNodeDataReader returns a reader of a simplego node's parameter struct (NodeData), which must be a
 // pointer to simplego.<typeName>.
 func NewNodeDataReader(data any, typeName string) (*ParamsReader, error) {
-	params := reflect.ValueOf(data)
-	if params.Kind() != reflect.Pointer || params.IsNil() || params.Elem().Kind() != reflect.Struct {
-		return nil, fmt.Errorf("a simplego node's data is a %T, not a pointer to a struct", data)
+	if data == nil {
+		return nil, fmt.Errorf("a simplego node has no data, not a %s.%s", SimplegoPackagePath, typeName)
 	}
-	params = params.Elem()
-	if params.Type().Name() != typeName || params.Type().PkgPath() != SimplegoPackagePath {
-		return nil, fmt.Errorf("a simplego node's data is a %s, not %s.%s", params.Type(), SimplegoPackagePath, typeName)
-	}
-	return &ParamsReader{Params: params}, nil
+	return structReader(reflect.ValueOf(data), SimplegoPackagePath, typeName, "a simplego node's data")
 }
