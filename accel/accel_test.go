@@ -16,7 +16,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testmodel"
 	"github.com/goaccel/goaccel/prepare"
@@ -69,7 +69,7 @@ func TestDefaultComputeBackendIsPureGo(t *testing.T) {
 	acc, err := accel.New()
 	require.NoError(t, err)
 	defer acc.Close()
-	assert.Contains(t, acc.Backend().Name(), "("+compute.PureGo+")")
+	assert.Contains(t, acc.Backend().Name(), "("+cpu.PureGo+")")
 	assert.Equal(t, 1, acc.WorldSize())
 	assert.True(t, acc.IsMainProcess())
 	assert.Equal(t, "single", acc.Communicator().Name())
@@ -193,7 +193,7 @@ func TestShortFinalCycleIsAveraged(t *testing.T) {
 	res, err := testmodel.Run{Kind: testmodel.SGD, Inputs: inputs, Labels: labels, BatchSize: b}.Train(acc)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res.Steps)
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	require.NoError(t, err)
 	require.NoError(t, testmodel.ReferenceTrain(backend, res.Initial, testmodel.SGD,
 		testmodel.ReferenceBatches(inputs, labels, 3*b, 1)))

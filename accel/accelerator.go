@@ -16,9 +16,10 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
 	_ "github.com/goaccel/goaccel/backends/mpi" // registers "mpi" when built with -tags mpi
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/cpu"
+	_ "github.com/goaccel/goaccel/cpu/kernels" // registers goaccel's kernels for the pure-Go backend
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 	"github.com/goaccel/goaccel/userstate"
@@ -62,7 +63,7 @@ func New(opts ...Option) (*Accelerator, error) {
 	if err := a.openCommunicator(); err != nil {
 		return nil, err
 	}
-	a.compute, err = compute.New(cfg.computeConfig(a.topo))
+	a.compute, err = cpu.New(cfg.computeConfig(a.topo))
 	if err != nil {
 		err = fmt.Errorf("accel: %w", err)
 		a.closeComm(err)
@@ -99,6 +100,11 @@ func New(opts ...Option) (*Accelerator, error) {
 		}
 	}
 	a.comm.SetDescriber(a.describe)
+	// A binary whose GoMLX is not the release goaccel's kernels were written for trains on GoMLX's own
+	// kernels: correct, but several times slower, so the job's first line says why.
+	if k := cpu.CurrentKernels(); k.Inert != "" && cpu.IsPureGo(a.compute) {
+		a.Printf("goaccel: %s\n", k.Inert)
+	}
 	if cfg.checkpointDir != "" {
 		if err := a.holdCheckpointDir(cfg.checkpointDir); err != nil {
 			a.releaseCheckpointDirs()

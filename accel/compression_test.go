@@ -12,7 +12,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/testmodel"
 )
@@ -66,7 +66,7 @@ func trainInProcess(t *testing.T, ranks, k int, format accumulate.Compression, r
 // uncompressed (the hook really ran), and each sync's all-reduces counted half the bytes.
 func TestCompressedEquivalence(t *testing.T) {
 	const b, steps = 4, 3
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	require.NoError(t, err)
 	for _, format := range []accumulate.Compression{accumulate.BF16, accumulate.FP16} {
 		for _, tc := range []struct{ ranks, k int }{{2, 1}, {2, 3}, {4, 1}, {4, 3}} {
@@ -174,7 +174,7 @@ func TestMPICompressedEquivalence(t *testing.T) {
 		}))
 		return
 	}
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	require.NoError(t, err)
 	for _, np := range []int{2, 4} {
 		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {

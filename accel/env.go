@@ -11,7 +11,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/launch"
 )
 
@@ -40,10 +40,10 @@ var envSettings = []envSetting{
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
-	{compute.GradientsEnvVar, func(v string) (Option, error) { return WithGradientKernels(v), nil }},
-	{compute.MatmulEnvVar, func(v string) (Option, error) { return WithMatmul(v), nil }},
-	{compute.ConvEnvVar, func(v string) (Option, error) { return WithConvolutions(v), nil }},
-	{compute.ThreadsEnvVar, func(v string) (Option, error) {
+	{cpu.GradientsEnvVar, func(v string) (Option, error) { return WithGradientKernels(v), nil }},
+	{cpu.MatmulEnvVar, func(v string) (Option, error) { return WithMatmul(v), nil }},
+	{cpu.ConvEnvVar, func(v string) (Option, error) { return WithConvolutions(v), nil }},
+	{cpu.ThreadsEnvVar, func(v string) (Option, error) {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("want a positive number of threads, got %q", v)
@@ -129,7 +129,7 @@ func resolve(lookup func(string) (string, bool), opts []Option) (config, error) 
 // what `accel env` reports.
 type Configuration struct {
 	// Compute is the compute backend's configuration, before the topology places the process on a device.
-	Compute compute.Config
+	Compute cpu.Config
 	// CollectiveTimeout bounds every collective wait.
 	CollectiveTimeout time.Duration
 	// Debug and ReplicaCheck say whether every collective is verified and whether replicas are compared
@@ -164,8 +164,8 @@ func Resolve(opts ...Option) (Configuration, error) {
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.
-func (c config) computeConfig(topo backends.Topology) compute.Config {
-	return compute.Config{Backend: c.backend, BackendSource: c.backendSource, AllowDownloads: c.allowDownloads,
+func (c config) computeConfig(topo backends.Topology) cpu.Config {
+	return cpu.Config{Backend: c.backend, BackendSource: c.backendSource, AllowDownloads: c.allowDownloads,
 		LocalRank: topo.LocalRank, LocalSize: topo.LocalSize, Threads: c.computeThreads, Gradients: c.gradients,
 		Matmul: c.matmul, Convolutions: c.convolutions, VisibleDevices: c.visibleDevices}
 }

@@ -11,15 +11,15 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/launch"
 )
 
 // clearConfigEnv unsets every variable OptionsFromEnv reads, for the test's duration.
 func clearConfigEnv(t *testing.T) {
 	for _, name := range []string{backends.TimeoutEnvVar, backends.CallChecksEnvVar, accel.CheckReplicasEnvVar,
-		accel.GradientCompressionEnvVar, "GOMLX_BACKEND", compute.GradientsEnvVar, compute.MatmulEnvVar,
-		compute.ThreadsEnvVar, "CUDA_VISIBLE_DEVICES", launch.RestartCountEnvVar} {
+		accel.GradientCompressionEnvVar, "GOMLX_BACKEND", cpu.GradientsEnvVar, cpu.MatmulEnvVar,
+		cpu.ThreadsEnvVar, "CUDA_VISIBLE_DEVICES", launch.RestartCountEnvVar} {
 		t.Setenv(name, "")
 	}
 }
@@ -37,7 +37,7 @@ func TestResolveFromEnvironment(t *testing.T) {
 			assert.Equal(t, backends.DefaultTimeout, c.CollectiveTimeout)
 			assert.False(t, c.Debug)
 			assert.False(t, c.ReplicaCheck)
-			assert.Equal(t, compute.Config{}, c.Compute)
+			assert.Equal(t, cpu.Config{}, c.Compute)
 			assert.Equal(t, accumulate.NoCompression, c.GradientCompression)
 		}},
 		{"gradient compression", map[string]string{accel.GradientCompressionEnvVar: "bf16"}, nil,
@@ -78,18 +78,18 @@ func TestResolveFromEnvironment(t *testing.T) {
 				assert.True(t, c.Debug)
 				assert.False(t, c.ReplicaCheck)
 			}},
-		{"compute variables", map[string]string{"GOMLX_BACKEND": "go", compute.GradientsEnvVar: "gomlx",
-			compute.MatmulEnvVar: "go", compute.ThreadsEnvVar: " 3 ", "CUDA_VISIBLE_DEVICES": "0,1"}, nil,
+		{"compute variables", map[string]string{"GOMLX_BACKEND": "go", cpu.GradientsEnvVar: "gomlx",
+			cpu.MatmulEnvVar: "go", cpu.ThreadsEnvVar: " 3 ", "CUDA_VISIBLE_DEVICES": "0,1"}, nil,
 			func(t *testing.T, c accel.Configuration) {
-				assert.Equal(t, compute.Config{Backend: "go", BackendSource: "GOMLX_BACKEND", Gradients: "gomlx",
+				assert.Equal(t, cpu.Config{Backend: "go", BackendSource: "GOMLX_BACKEND", Gradients: "gomlx",
 					Matmul: "go", Threads: 3, VisibleDevices: "0,1"}, c.Compute)
-				_, reason := compute.Resolve(c.Compute)
+				_, reason := cpu.Resolve(c.Compute)
 				assert.Contains(t, reason, "GOMLX_BACKEND")
 			}},
-		{"options win over compute variables", map[string]string{"GOMLX_BACKEND": "xla:cpu", compute.ThreadsEnvVar: "3"},
+		{"options win over compute variables", map[string]string{"GOMLX_BACKEND": "xla:cpu", cpu.ThreadsEnvVar: "3"},
 			[]accel.Option{accel.WithBackend("go"), accel.WithComputeThreads(1), accel.WithMatmul("go")},
 			func(t *testing.T, c accel.Configuration) {
-				assert.Equal(t, compute.Config{Backend: "go", Threads: 1, Matmul: "go"}, c.Compute)
+				assert.Equal(t, cpu.Config{Backend: "go", Threads: 1, Matmul: "go"}, c.Compute)
 			}},
 	}
 	for _, tt := range tests {
@@ -112,8 +112,8 @@ func TestUnreadableEnvironmentIsAnError(t *testing.T) {
 		{backends.TimeoutEnvVar, "not a duration", `"not a duration" is neither a duration (such as 30s or 10m) nor a number of seconds`},
 		{backends.TimeoutEnvVar, "-3s", `"-3s" is not a positive duration`},
 		{backends.TimeoutEnvVar, "0", `"0" is not a positive duration`},
-		{compute.ThreadsEnvVar, "none", "want a positive number of threads"},
-		{compute.ThreadsEnvVar, "0", "want a positive number of threads"},
+		{cpu.ThreadsEnvVar, "none", "want a positive number of threads"},
+		{cpu.ThreadsEnvVar, "0", "want a positive number of threads"},
 		{backends.CallChecksEnvVar, "enabled", `want 1, true, yes or on (or 0, false, no, off), got "enabled"`},
 		{accel.CheckReplicasEnvVar, "2", `want 1, true, yes or on (or 0, false, no, off), got "2"`},
 		{accel.GradientCompressionEnvVar, "int8", `accumulate: unknown gradient compression "int8" (want bf16, fp16 or none)`},

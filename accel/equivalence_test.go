@@ -10,7 +10,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/testmodel"
 )
 
@@ -83,7 +83,7 @@ func TestEquivalence(t *testing.T) {
 			require.Greater(t, moved, 1e-3, "training did not move the weights")
 
 			// The reference is GoMLX's trainer, from the weights our run started with, on N·K·b batches.
-			backend, err := compute.New(compute.Config{Backend: "go"})
+			backend, err := cpu.New(cpu.Config{Backend: "go"})
 			require.NoError(t, err)
 			wrong, err := results[0].Initial.Clone()
 			require.NoError(t, err)

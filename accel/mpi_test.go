@@ -18,7 +18,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testmodel"
@@ -189,7 +189,7 @@ func TestMPI(t *testing.T) {
 			for r, res := range results {
 				require.NoError(t, res.Decode(&reports[r]))
 			}
-			backend, err := compute.New(compute.Config{Backend: "go"})
+			backend, err := cpu.New(cpu.Config{Backend: "go"})
 			require.NoError(t, err)
 			for i, c := range mpiCombos {
 				t.Run(fmt.Sprintf("K=%d/%s", c.k, c.kind), func(t *testing.T) {

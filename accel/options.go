@@ -35,7 +35,7 @@ type config struct {
 
 	// backendSource names the environment variable backend came from ("" for a program's option).
 	backendSource string
-	// computeThreads, gradients, matmul and visibleDevices configure the compute backend (compute.Config).
+	// computeThreads, gradients, matmul and visibleDevices configure the compute backend (cpu.Config).
 	computeThreads int
 	gradients      string
 	matmul         string
@@ -131,23 +131,23 @@ func WithBackend(backendConfig string) Option {
 
 // WithGradientKernels chooses the gradients of matrix multiplications and convolutions: "gemm" (the
 // default) builds them as matrix multiplications the pure-Go backend runs fast, "gomlx" keeps GoMLX's own.
-// GOACCEL_GRADIENTS sets it too (compute.GradientsEnvVar).
+// GOACCEL_GRADIENTS sets it too (cpu.GradientsEnvVar).
 func WithGradientKernels(kind string) Option { return func(c *config) { c.gradients = kind } }
 
 // WithMatmul chooses the pure-Go backend's matrix multiplication: "blas" (the default in a build with the
 // blas tag) runs it on OpenBLAS, "go" keeps the backend's own kernel. GOACCEL_MATMUL sets it too
-// (compute.MatmulEnvVar).
+// (cpu.MatmulEnvVar).
 func WithMatmul(kind string) Option { return func(c *config) { c.matmul = kind } }
 
 // WithConvolutions chooses how the pure-Go backend convolves and pools: "kernel" (the default) runs
 // convolutions as im2col + gemm and pooling as window walks, with gradients built as convolutions;
 // "graph" lowers both into slices and dots in the graph, as earlier versions did (for comparisons).
-// GOACCEL_CONV sets it too (compute.ConvEnvVar).
+// GOACCEL_CONV sets it too (cpu.ConvEnvVar).
 func WithConvolutions(kind string) Option { return func(c *config) { c.convolutions = kind } }
 
 // WithComputeThreads sets the compute threads of this process (its BLAS threads; with 1 the pure-Go
 // backend runs a graph's operations one after another). By default the node's cores divided by the
-// processes on it. GOACCEL_BLAS_THREADS sets it too (compute.ThreadsEnvVar).
+// processes on it. GOACCEL_BLAS_THREADS sets it too (cpu.ThreadsEnvVar).
 func WithComputeThreads(n int) Option { return func(c *config) { c.computeThreads = n } }
 
 // WithPluginDownloads lets GoMLX download PJRT plugins at run time (off by default).

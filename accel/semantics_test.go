@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/testmodel"
 )
 
@@ -31,7 +31,7 @@ func TestLossScaleRecoversSumReducedLoss(t *testing.T) {
 		t.Run(fmt.Sprintf("ranks=%d/K=%d", tc.ranks, tc.k), func(t *testing.T) {
 			global := tc.ranks * tc.k * b
 			inputs, labels := testmodel.Data(global*steps, 11)
-			backend, err := compute.New(compute.Config{Backend: "go"})
+			backend, err := cpu.New(cpu.Config{Backend: "go"})
 			require.NoError(t, err)
 			for _, scaled := range []bool{true, false} {
 				results := make([]testmodel.Result, tc.ranks)
@@ -65,7 +65,7 @@ func TestLossScaleRecoversSumReducedLoss(t *testing.T) {
 // K micro-batches give the Trainer's weights on the N·K·b batch, and without the term they would not.
 func TestRegularizersMatchTrainer(t *testing.T) {
 	const b, steps, l2 = 2, 3, 0.5
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	require.NoError(t, err)
 	for _, tc := range []struct{ ranks, k int }{{1, 1}, {1, 2}, {2, 2}} {
 		t.Run(fmt.Sprintf("ranks=%d/K=%d", tc.ranks, tc.k), func(t *testing.T) {

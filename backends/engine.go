@@ -1,6 +1,6 @@
 // Package backends holds what goaccel needs to know about the processes of a job: the topology read from the
 // launcher and the collective engine that moves bytes between processes. It links no compute backend (GoMLX
-// backend selection lives in package backends/compute), so engines and launch tooling stay light.
+// backend selection lives in package cpu), so engines and launch tooling stay light.
 //
 // Collective engines follow the database/sql driver pattern: an engine implements the small [Engine]
 // interface and registers a constructor by name with [RegisterEngine]; users and the rest of goaccel only see

@@ -11,12 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 )
 
 // convEnv selects how the pure-Go backend computes convolutions: "graph" lowers them to im2col built from
 // Slice and Concatenate (what the backend did first), "kernel" runs the dedicated convolution executor.
-const convEnv = compute.ConvEnvVar
+const convEnv = cpu.ConvEnvVar
 
 // pureGoPlan is the demo's CNN trained by grad_accum built without the blas tag, once per variant, for the
 // same examples: goaccel's release the goal was set against, built from its source, and this tree with each

@@ -5,7 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -33,11 +33,11 @@ type computePlan struct {
 type computeConfig struct {
 	Name, Slug string
 	Env        []string
-	AsShipped  bool // GoMLX's own backend, bypassing compute.New (Env then only documents it)
+	AsShipped  bool // GoMLX's own backend, bypassing cpu.New (Env then only documents it)
 }
 
 var computeConfigs = []computeConfig{
-	{"GoMLX as shipped", "gomlx", []string{"GOMLX_BACKEND=" + compute.SequentialPureGo}, true},
+	{"GoMLX as shipped", "gomlx", []string{"GOMLX_BACKEND=" + cpu.SequentialPureGo}, true},
 	{"pure Go", "go", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=go"}, false},
 	{"BLAS", "blas", []string{"GOACCEL_GRADIENTS=gemm", "GOACCEL_MATMUL=blas"}, false},
 }

@@ -20,7 +20,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/netcluster"
 	"github.com/goaccel/goaccel/launch"
 )
@@ -520,7 +520,7 @@ func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string
 	var summary networkSummary
 	n := len(hosts.hosts)
 	if impl == "goaccel" {
-		cmd, err := hosts.mpirun(ctx, n, s.demo, append(job("-"), "-quiet"), jobEnv(compute.ThreadsEnvVar+"=1"))
+		cmd, err := hosts.mpirun(ctx, n, s.demo, append(job("-"), "-quiet"), jobEnv(cpu.ThreadsEnvVar+"=1"))
 		if err != nil {
 			return summary, err
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 )
 
 // overheadResult compares goaccel's training loop with GoMLX's own train.Trainer in one process: same
@@ -45,14 +45,14 @@ func newGoMLXTrainer(cfg trainConfig, seed uint64) (*gomlxTrainer, error) {
 func benchBackend(asShipped bool) (gomlxbackends.Backend, error) {
 	if asShipped {
 		// Operations one at a time: GoMLX's parallel scheduler and its own matrix products can wait for each
-		// other forever (see compute.SequentialPureGo).
-		return gomlxbackends.NewWithConfig(compute.SequentialPureGo)
+		// other forever (see cpu.SequentialPureGo).
+		return gomlxbackends.NewWithConfig(cpu.SequentialPureGo)
 	}
-	conf, err := accel.Resolve(accel.WithBackend(compute.PureGo))
+	conf, err := accel.Resolve(accel.WithBackend(cpu.PureGo))
 	if err != nil {
 		return nil, err
 	}
-	return compute.New(conf.Compute)
+	return cpu.New(conf.Compute)
 }
 
 func newGoMLXTrainerOn(backend gomlxbackends.Backend, cfg trainConfig, seed uint64) (*gomlxTrainer, error) {

@@ -12,7 +12,8 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
+	_ "github.com/goaccel/goaccel/cpu/kernels" // goaccel's kernels, as accel links them
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -30,7 +31,7 @@ var exampleBatch = prepare.Batch{
 
 // newExampleModel prepares weightsOnly with SGD (learning rate 0.1) on one process, K micro-batches per step.
 func newExampleModel(k int) (*accumulate.GradientState, *prepare.Model, *prepare.Optimizer) {
-	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(k, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	model, _ := prepare.NewModel(rt, context.New(), weightsOnly, losses.MeanSquaredError)
@@ -129,7 +130,7 @@ func ExampleFromTrainModelFn() {
 		fmt.Println("spec:", spec)
 		return weightsOnly(ctx, inputs)
 	}
-	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(1, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	model, _ := prepare.NewModel(rt, context.New(), prepare.FromTrainModelFn(gomlxModel, nil), losses.MeanSquaredError)
@@ -144,7 +145,7 @@ func ExampleFromTrainModelFn() {
 // BackwardOutputs returns, with the loss, the model's predictions and the TrainMetrics values of the same
 // forward pass.
 func ExampleModel_BackwardOutputs() {
-	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(1, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	meanLabel := func(_ *context.Context, labels, _ []*Node) []*Node { return []*Node{ReduceAllMean(labels[0])} }
@@ -162,7 +163,7 @@ func ExampleModel_BackwardOutputs() {
 // TrainMetrics declares in-graph metrics for BackwardOutputs (and the Accelerator's Backward with
 // accel.Metrics).
 func ExampleTrainMetrics() {
-	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(1, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	maxError := func(_ *context.Context, labels, predictions []*Node) []*Node {

@@ -7,7 +7,8 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
+	_ "github.com/goaccel/goaccel/cpu/kernels" // goaccel's kernels, as accel links them
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -15,7 +16,7 @@ import (
 // permutation of the epoch and takes every third example of it; the ten examples do not split evenly, so
 // the last round wraps around to the permutation's start, and Valid tells which examples are real.
 func ExampleDataLoader() {
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -61,7 +62,7 @@ func ExampleDataLoader() {
 // With SplitBatches the batch size is global: two ranks with BatchSize(4) each take 2 examples per step,
 // and every step covers the same 4 examples a single process would.
 func ExampleSplitBatches() {
-	backend, _ := compute.New(compute.Config{Backend: "go"})
+	backend, _ := cpu.New(cpu.Config{Backend: "go"})
 	values := make([]float32, 8)
 	source, _ := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(values, 8)}, nil)
 	comms, _ := backends.NewInProcessGroup(2)
@@ -87,7 +88,7 @@ func ExampleSplitBatches() {
 // SkipCheckpoint leaves a loader out of checkpoints, for an evaluation loader prepared inside an evaluate
 // function: a resumed run that has not evaluated yet then matches the saved one.
 func ExampleSkipCheckpoint() {
-	backend, _ := compute.New(compute.Config{Backend: "go"})
+	backend, _ := cpu.New(cpu.Config{Backend: "go"})
 	source, _ := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(make([]float32, 4), 4)}, nil)
 	state, _ := accumulate.NewGradientState(1, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
@@ -102,7 +103,7 @@ func ExampleSkipCheckpoint() {
 // loader resumes there: the next iteration yields the rest of that epoch, skipping the consumed examples
 // without computing them.
 func ExampleDataLoader_Restore() {
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -150,7 +151,7 @@ func ExampleDataLoader_Restore() {
 // from the start of the epoch (even batches) so that every rank has as many batches. A per-process batch
 // count, as older checkpoints recorded, reads as the same place through StateAfterBatches.
 func ExampleDataLoader_StateAfterBatches() {
-	backend, err := compute.New(compute.Config{Backend: "go"})
+	backend, err := cpu.New(cpu.Config{Backend: "go"})
 	if err != nil {
 		fmt.Println(err)
 		return

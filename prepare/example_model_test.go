@@ -12,14 +12,15 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
+	_ "github.com/goaccel/goaccel/cpu/kernels" // goaccel's kernels, as accel links them
 	"github.com/goaccel/goaccel/prepare"
 )
 
 // A Model and an Optimizer built on a Runtime directly (the Accelerator does this for you): the model's
 // gradients land in bucket-flat accumulators, and Step applies them only on synced steps.
 func ExampleNewModel() {
-	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(2, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	model, _ := prepare.NewModel(rt, context.New(), func(ctx *context.Context, in []*Node) []*Node {
@@ -51,7 +52,7 @@ func ExampleNewModel() {
 // An optimizer's State holds its counters and the GoMLX optimizer's type; Restore refuses the state of
 // another kind of optimizer, whose variables would not fit this one.
 func ExampleOptimizer_State() {
-	backend, _ := compute.New(compute.Config{Backend: compute.PureGo})
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(1, false)
 	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
 	model, _ := prepare.NewModel(rt, context.New(), func(ctx *context.Context, in []*Node) []*Node {

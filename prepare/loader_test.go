@@ -13,7 +13,8 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
+	_ "github.com/goaccel/goaccel/cpu/kernels" // goaccel's kernels, as accel links them
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -29,7 +30,7 @@ var (
 func loaderRuntimes(t *testing.T, ranks, k int) []*prepare.Runtime {
 	t.Helper()
 	loaderBackendOnce.Do(func() {
-		loaderBackend, loaderBackendErr = compute.New(compute.Config{Backend: "go"})
+		loaderBackend, loaderBackendErr = cpu.New(cpu.Config{Backend: "go"})
 	})
 	require.NoError(t, loaderBackendErr)
 	comms, err := backends.NewInProcessGroup(ranks)

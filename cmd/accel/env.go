@@ -16,8 +16,9 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
 	"github.com/goaccel/goaccel/backends/mpi"
+	"github.com/goaccel/goaccel/cpu"
+	"github.com/goaccel/goaccel/cpu/kernels"
 	"github.com/goaccel/goaccel/launch"
 	"github.com/goaccel/goaccel/version"
 )
@@ -62,7 +63,7 @@ func printEntries(w io.Writer, entries []entry) {
 }
 
 // environmentReport collects the report's entries, in a fixed order. Nothing in it may reach the network:
-// compute.Resolve turns GoMLX's plugin auto-install off before looking for plugins.
+// cpu.Resolve turns GoMLX's plugin auto-install off before looking for plugins.
 func environmentReport(startAnyBackend bool) []entry {
 	// Read first: resolving the compute backend sets GOMLX_NO_AUTO_INSTALL in this process.
 	environment := relevantEnvironment()
@@ -110,7 +111,7 @@ func environmentReport(startAnyBackend bool) []entry {
 		resolved.ReplicaCheck, resolved.GradientCompression)})
 	computeCfg := resolved.Compute
 	computeCfg.LocalRank, computeCfg.LocalSize = topo.LocalRank, topo.LocalSize
-	config, reason := compute.Resolve(computeCfg)
+	config, reason := cpu.Resolve(computeCfg)
 	computeCfg.Backend = config
 	entries = append(entries, entry{"Compute backend", fmt.Sprintf("%s (%s)", config, reason)})
 	entries = append(entries, entry{"Compute devices", describeDevices(computeCfg, startAnyBackend)})
@@ -134,12 +135,12 @@ func describeMPIRun() string {
 
 // describeDevices starts the compute backend when that is cheap (the pure-Go one) or asked for, and lists
 // its devices.
-func describeDevices(cfg compute.Config, startAnyBackend bool) string {
+func describeDevices(cfg cpu.Config, startAnyBackend bool) string {
 	name, _, _ := strings.Cut(cfg.Backend, ":")
-	if name != compute.PureGo && !startAnyBackend {
+	if name != cpu.PureGo && !startAnyBackend {
 		return "not started (run `accel env --devices` to start " + cfg.Backend + ")"
 	}
-	backend, err := compute.New(cfg)
+	backend, err := cpu.New(cfg)
 	if err != nil {
 		return "error: " + err.Error()
 	}
@@ -153,15 +154,15 @@ func describeDevices(cfg compute.Config, startAnyBackend bool) string {
 
 // describeKernels says how the pure-Go backend will compute in a rank on this node: gradients, the
 // matmul path and its thread budget. It sets the kernels up the way the Accelerator does (cheap, local).
-func describeKernels(cfg compute.Config, topo backends.Topology) []entry {
+func describeKernels(cfg cpu.Config, topo backends.Topology) []entry {
 	name, _, _ := strings.Cut(cfg.Backend, ":")
-	if name != compute.PureGo {
+	if name != cpu.PureGo {
 		return []entry{{"Matmul", "the " + cfg.Backend + " backend's own"}}
 	}
-	if _, err := compute.New(cfg); err != nil {
+	if _, err := cpu.New(cfg); err != nil {
 		return []entry{{"Matmul", "error: " + err.Error()}}
 	}
-	k := compute.CurrentKernels()
+	k := cpu.CurrentKernels()
 	threads := "(pure-Go kernel: GOMAXPROCS)"
 	if k.Threads > 0 {
 		threads = fmt.Sprintf("%d per process × %d process(es) on this node", k.Threads, max(1, topo.LocalSize))
@@ -174,7 +175,11 @@ func describeKernels(cfg compute.Config, topo backends.Topology) []entry {
 		"sequential": "sequential (one operation of a graph at a time: this rank has one thread)",
 		"parallel":   "parallel (independent operations of a graph run at the same time, on GoMLX's own scheduling)",
 	}[k.Ops]
-	return []entry{{"Gradients", cmp.Or(gradients, k.Gradients)}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
+	kernelSet := "goaccel's (written against GoMLX " + kernels.SupportedGoMLX + ", the release in this binary)"
+	if k.Inert != "" {
+		kernelSet = "GoMLX's own: " + k.Inert
+	}
+	return []entry{{"Kernels", kernelSet}, {"Gradients", cmp.Or(gradients, k.Gradients)}, {"Matmul", k.Matmul}, {"Matmul threads", threads},
 		{"Operations", cmp.Or(ops, k.Ops)},
 		{"Convolutions", k.Convolutions}, {"Element-wise", k.Elementwise}, {"Gathers and scatters", k.Indexing}}
 }
@@ -186,7 +191,7 @@ func relevantEnvironment() string {
 		name, _, _ := strings.Cut(kv, "=")
 		if slices.Contains([]string{"GOMLX_BACKEND", "GOMLX_NO_AUTO_INSTALL", "PJRT_PLUGIN_LIBRARY_PATH",
 			"CUDA_VISIBLE_DEVICES", "OPENBLAS_NUM_THREADS", backends.TimeoutEnvVar, backends.CallChecksEnvVar,
-			accel.CheckReplicasEnvVar, accel.GradientCompressionEnvVar, compute.GradientsEnvVar, compute.MatmulEnvVar, compute.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
+			accel.CheckReplicasEnvVar, accel.GradientCompressionEnvVar, cpu.GradientsEnvVar, cpu.MatmulEnvVar, cpu.ThreadsEnvVar}, name) || strings.HasPrefix(name, "OMPI_MCA_") {
 			set = append(set, kv)
 		}
 	}

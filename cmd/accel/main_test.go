@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/launch"
 	"github.com/goaccel/goaccel/version"
@@ -204,7 +204,7 @@ func TestEnvReport(t *testing.T) {
 }
 
 func TestEnvStartsThePureGoBackend(t *testing.T) {
-	t.Setenv("GOMLX_BACKEND", compute.PureGo)
+	t.Setenv("GOMLX_BACKEND", cpu.PureGo)
 	a, stdout, _ := newTestApp()
 	require.Equal(t, 0, a.run([]string{"env"}))
 	assert.Regexp(t, `- Compute devices: +1: .*\[#0 `, stdout.String())
@@ -246,6 +246,7 @@ func Example_env() {
 	// Configuration
 	// Compute backend
 	// Compute devices
+	// Kernels
 	// Gradients
 	// Matmul
 	// Matmul threads
@@ -259,7 +260,7 @@ func Example_env() {
 // TestEnvReportsKernels: `accel env` says which gradients, matmul path and thread budget a rank uses, and
 // the switches change what it says.
 func TestEnvReportsKernels(t *testing.T) {
-	t.Setenv("GOMLX_BACKEND", compute.PureGo)
+	t.Setenv("GOMLX_BACKEND", cpu.PureGo)
 	report := func() map[string]string {
 		out := map[string]string{}
 		for _, e := range environmentReport(false) {
@@ -268,26 +269,27 @@ func TestEnvReportsKernels(t *testing.T) {
 		return out
 	}
 	got := report()
+	assert.True(t, strings.HasPrefix(got["Kernels"], "goaccel's"), "this GoMLX is the one the kernels were written for: %s", got["Kernels"])
 	assert.Equal(t, "gemm (gradients of matrix products, convolutions and pooling built as matrix products, by goaccel)",
 		got["Gradients"], "the line says what the setting means")
 	assert.NotEqual(t, "pure Go (simplego)", got["Matmul"])
-	t.Setenv(compute.GradientsEnvVar, "gomlx")
-	t.Setenv(compute.MatmulEnvVar, "go")
+	t.Setenv(cpu.GradientsEnvVar, "gomlx")
+	t.Setenv(cpu.MatmulEnvVar, "go")
 	got = report()
 	assert.Equal(t, "gomlx (GoMLX's own gradient rules, slower on the pure-Go backend)", got["Gradients"])
 	assert.Contains(t, got["Matmul"], "simplego")
-	assert.Contains(t, got["Environment"], compute.MatmulEnvVar+"=go")
-	t.Setenv(compute.GradientsEnvVar, "")
-	t.Setenv(compute.MatmulEnvVar, "")
+	assert.Contains(t, got["Environment"], cpu.MatmulEnvVar+"=go")
+	t.Setenv(cpu.GradientsEnvVar, "")
+	t.Setenv(cpu.MatmulEnvVar, "")
 	assert.True(t, strings.HasPrefix(report()["Gradients"], "gemm ("), "the defaults come back")
-	t.Setenv(compute.ThreadsEnvVar, "1")
+	t.Setenv(cpu.ThreadsEnvVar, "1")
 	assert.Equal(t, "sequential (one operation of a graph at a time: this rank has one thread)", report()["Operations"])
-	t.Setenv(compute.ThreadsEnvVar, "2")
+	t.Setenv(cpu.ThreadsEnvVar, "2")
 	assert.True(t, strings.HasPrefix(report()["Operations"], "parallel"), "two threads: the backend's own scheduling")
 	assert.Equal(t, "im2col + gemm executors", report()["Convolutions"])
-	t.Setenv(compute.ConvEnvVar, "graph")
+	t.Setenv(cpu.ConvEnvVar, "graph")
 	assert.Equal(t, "lowered to slices and dots in the graph", report()["Convolutions"])
-	t.Setenv(compute.ConvEnvVar, "")
+	t.Setenv(cpu.ConvEnvVar, "")
 	assert.Equal(t, "im2col + gemm executors", report()["Convolutions"], "the default comes back")
 	assert.True(t, strings.HasPrefix(report()["Element-wise"], "chains of operations fused into single passes, "),
 		report()["Element-wise"])

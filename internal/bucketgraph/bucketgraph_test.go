@@ -14,7 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accumulate"
-	"github.com/goaccel/goaccel/backends/compute"
+	"github.com/goaccel/goaccel/cpu"
+	_ "github.com/goaccel/goaccel/cpu/kernels" // goaccel's kernels, as accel links them
 	"github.com/goaccel/goaccel/internal/bucketgraph"
 )
 
@@ -31,7 +32,7 @@ var (
 func pureGo(t *testing.T) gomlxbackends.Backend {
 	t.Helper()
 	pureGoOnce.Do(func() {
-		pureGoBackend, pureGoErr = compute.New(compute.Config{Backend: compute.PureGo + ":ops_sequential"})
+		pureGoBackend, pureGoErr = cpu.New(cpu.Config{Backend: cpu.PureGo + ":ops_sequential"})
 	})
 	require.NoError(t, pureGoErr)
 	return pureGoBackend

@@ -1,0 +1,91 @@
+package cpu
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestVisibleDeviceForRank(t *testing.T) {
+	for _, tc := range []struct {
+		current    string
+		rank, size int
+		want       string
+		wantSet    bool
+		name       string
+	}{
+		{"", 0, 1, "", false, "single process keeps every device"},
+		{"", 2, 4, "2", true, "unset: GPU of the local rank"},
+		{"0,1,2,3", 3, 4, "3", true, "scheduler exposed the node's GPUs to every task"},
+		{"4, 5", 1, 2, "5", true, "entries are trimmed"},
+		{"GPU-aa,GPU-bb", 0, 2, "GPU-aa", true, "UUIDs work too"},
+		{"1", 0, 2, "", false, "one GPU per task already chosen by the scheduler"},
+		{"0,1,2", 1, 2, "", false, "a list that does not match the ranks is the user's choice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, set := visibleDeviceForRank(tc.current, tc.rank, tc.size)
+			assert.Equal(t, tc.wantSet, set)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestResolve(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", "")
+	cfg, reason := Resolve(Config{Backend: "xla:cuda"})
+	assert.Equal(t, "xla:cuda", cfg)
+	assert.Contains(t, reason, "option")
+	cfg, reason = Resolve(Config{Backend: "go", BackendSource: "GOMLX_BACKEND"})
+	assert.Equal(t, "go", cfg)
+	assert.Contains(t, reason, "GOMLX_BACKEND")
+	t.Setenv("GOMLX_BACKEND", "")
+	t.Setenv("PJRT_PLUGIN_LIBRARY_PATH", t.TempDir()) // no plugin there, and no download may happen
+	cfg, _ = Resolve(Config{})
+	assert.Equal(t, PureGo, cfg)
+}
+
+func TestNewNamesWhatIsMissing(t *testing.T) {
+	t.Setenv("PJRT_PLUGIN_LIBRARY_PATH", t.TempDir())
+	_, err := New(Config{Backend: "xla:cuda"})
+	if assert.Error(t, err) {
+		assert.Contains(t, err.Error(), `"xla:cuda"`)
+		assert.Contains(t, err.Error(), "PJRT")
+	}
+	_, err = New(Config{Backend: "nosuch"})
+	assert.ErrorContains(t, err, "nosuch")
+}
+
+// TestScheduleOps: a bare pure-Go configuration runs operations sequentially when the process has one
+// thread, keeps the backend's own scheduling with more, and never overrides what the user configured.
+func TestScheduleOps(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		config string
+		cfg    Config
+		want   string
+	}{
+		{"one thread", PureGo, Config{Threads: 1}, PureGo + ":" + sequentialOps},
+		{"two ranks share two cores", PureGo, Config{LocalSize: 1 << 20}, PureGo + ":" + sequentialOps},
+		{"several threads", PureGo, Config{Threads: 4}, PureGo},
+		{"simplego's own matmul never runs in parallel", PureGo, Config{Threads: 4, Matmul: "go"}, PureGo + ":" + sequentialOps},
+		{"user's options stand", PureGo + ":ops_parallel", Config{Threads: 1}, PureGo + ":ops_parallel"},
+		{"other backends untouched", "xla:cpu", Config{Threads: 1}, "xla:cpu"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := scheduleOps(tc.cfg, tc.config)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestKernelsReportOps: CurrentKernels says how the pure-Go backend New set up schedules operations.
+func TestKernelsReportOps(t *testing.T) {
+	t.Setenv("GOMLX_BACKEND", "")
+	for threads, want := range map[int]string{1: "sequential", 2: "parallel"} {
+		_, err := New(Config{Backend: PureGo, Threads: threads})
+		require.NoError(t, err)
+		assert.Equal(t, want, CurrentKernels().Ops, "%d thread(s)", threads)
+	}
+}

@@ -1,0 +1,182 @@
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/gomlx/gomlx/backends"
+)
+
+// Environment variables that choose how the pure-Go backend computes. Both exist for comparisons (the
+// benchmarks measure GoMLX as shipped against goaccel's paths in one run) and for ruling goaccel's kernels
+// out when chasing a numerical difference; the defaults are the fast paths.
+const (
+	// GradientsEnvVar: "gemm" (default) builds Dot/DotGeneral gradients as matrix multiplications and gives
+	// convolutions and pooling gradients the pure-Go backend can run; "gomlx" keeps GoMLX's own.
+	GradientsEnvVar = "GOACCEL_GRADIENTS"
+	// MatmulEnvVar: "blas" (default when built with the blas tag) runs the pure-Go backend's matrix
+	// multiplications on OpenBLAS; "go" keeps the backend's own kernel.
+	MatmulEnvVar = "GOACCEL_MATMUL"
+	// ThreadsEnvVar sets the compute threads of this process (BLAS threads; with 1, sequential operations
+	// on the pure-Go backend); by default the node's cores divided by the processes on it, so that ranks
+	// sharing a node do not oversubscribe its cores.
+	ThreadsEnvVar = "GOACCEL_BLAS_THREADS"
+	// ConvEnvVar: "kernel" (default) runs the pure-Go backend's convolutions and poolings on goaccel's
+	// executors and builds convolution gradients as convolutions; "graph" lowers them into slices and dots
+	// in the graph, as earlier versions did.
+	ConvEnvVar = "GOACCEL_CONV"
+)
+
+// validate refuses settings no kernel set understands, whichever is registered, so that a typo in an
+// environment variable is an error even where the kernels are inert.
+func (cfg Config) validate() error {
+	if g := cfg.Gradients; g != "" && g != "gemm" && g != "gomlx" {
+		return fmt.Errorf("compute: %s=%q: want gemm or gomlx", GradientsEnvVar, g)
+	}
+	if m := cfg.Matmul; m != "" && m != "blas" && m != "go" {
+		return fmt.Errorf("compute: %s=%q: want blas or go", MatmulEnvVar, m)
+	}
+	if c := cfg.Convolutions; c != "" && c != "kernel" && c != "graph" {
+		return fmt.Errorf("compute: %s=%q: want kernel or graph", ConvEnvVar, c)
+	}
+	return nil
+}
+
+// ThreadBudget is the compute threads of one rank: its share of the node's cores, so that threads × ranks
+// on the node never exceed the cores (OpenBLAS spins its threads, and oversubscribed spinning collapses).
+func (cfg Config) ThreadBudget() int {
+	if cfg.Threads > 0 {
+		return cfg.Threads
+	}
+	return max(1, runtime.NumCPU()/max(1, cfg.LocalSize))
+}
+
+// Kernels says how this process computes: which gradients, which matrix multiplication, how many threads.
+type Kernels struct {
+	// Gradients is "gemm" or "gomlx" (see GradientsEnvVar).
+	Gradients string
+	// Matmul describes the pure-Go backend's matrix multiplication, e.g. "OpenBLAS 0.3.21, 2 threads".
+	Matmul string
+	// Threads is the number of BLAS threads this process uses (0 when BLAS is not in use).
+	Threads int
+	// Ops says how the pure-Go backend schedules a graph's operations: "sequential" or "parallel" (its own
+	// default: independent operations on parallel goroutines when one graph executes alone).
+	Ops string
+	// Convolutions describes how the pure-Go backend convolves and pools (see ConvEnvVar).
+	Convolutions string
+	// Elementwise describes how the pure-Go backend runs element-wise operations: chains fused into single
+	// passes, and whether its loops are AVX2 assembly or Go.
+	Elementwise string
+	// Indexing describes how the pure-Go backend runs Gather and ScatterSum: whole rows at a time, or
+	// element by element.
+	Indexing string
+	// Inert is empty when goaccel's kernels are in use, else why GoMLX's own kernels run instead: no kernel
+	// set was linked into the binary, or the GoMLX in it is not the version the kernels were written for.
+	Inert string
+}
+
+// Extension is a set of kernels for the pure-Go backend, registered by package cpu/kernels. Its methods
+// are called with this package's lock held, never concurrently.
+type Extension interface {
+	// Wrap returns a backend just created by GoMLX with the extension's operations added (each backend is
+	// wrapped once, when New first creates it).
+	Wrap(cfg Config, backend backends.Backend) (backends.Backend, error)
+	// Apply sets the process-wide kernels (executor tables, gradient rules, BLAS threads) for cfg. New calls
+	// it when a configuration differs from the one applied last, never while the settings are unchanged,
+	// so that ranks sharing the process do not rewrite tables another rank's graph is reading.
+	Apply(cfg Config) error
+	// Describe reports the kernels in use (Ops is filled in by CurrentKernels).
+	Describe() Kernels
+}
+
+var (
+	extensionMu sync.Mutex
+	extension   Extension
+	// appliedSettings is the kernel part of the Config the extension applied last, and applied whether it
+	// was; ops is Kernels.Ops of the pure-Go backend New set up last.
+	appliedSettings Config
+	applied         bool
+	opsSchedule     = "parallel"
+)
+
+// Register makes ext the pure-Go backend's kernel set: the last registration wins (package cpu/kernels
+// registers once, at initialisation). A registration after a backend was made takes effect at the next New.
+func Register(ext Extension) {
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	extension, applied = ext, false
+}
+
+// wrapPureGo gives a pure-Go backend the registered extension's operations.
+func wrapPureGo(cfg Config, backend backends.Backend) (backends.Backend, error) {
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	if extension == nil {
+		return backend, nil
+	}
+	return extension.Wrap(cfg, backend)
+}
+
+// kernelSettings keeps the fields of cfg that decide the process-wide kernels.
+func kernelSettings(cfg Config) Config {
+	return Config{Gradients: cfg.Gradients, Matmul: cfg.Matmul, Convolutions: cfg.Convolutions,
+		Threads: cfg.ThreadBudget()}
+}
+
+// applyKernels applies the registered extension's kernels for a backend New returns, and records how the
+// pure-Go backend schedules operations. Other backends keep GoMLX's own gradients: graph.VJPRegistration is
+// process-wide, so a process that uses the pure-Go backend registers them for every graph it builds
+// afterwards. A GoMLX whose internals changed makes the patches panic or fail their checks: either is
+// returned as an error.
+func applyKernels(cfg Config, backendName string) (err error) {
+	if backendName != PureGo {
+		return nil
+	}
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	if extension != nil && (!applied || appliedSettings != kernelSettings(cfg)) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("compute: setting up the pure-Go backend's kernels: %v", r)
+			}
+		}()
+		if err := extension.Apply(cfg); err != nil {
+			return err
+		}
+		appliedSettings, applied = kernelSettings(cfg), true
+	}
+	return nil
+}
+
+// setOpsSchedule records the op scheduling that the pure-Go backend's configuration options select.
+func setOpsSchedule(options string) {
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	opsSchedule = "parallel"
+	if slices.Contains(strings.Split(options, ","), sequentialOps) {
+		opsSchedule = "sequential"
+	}
+}
+
+// ShippedKernels describes GoMLX's pure-Go backend as shipped, with why goaccel's kernels are not in use
+// (Kernels.Inert): what an extension that found the wrong GoMLX reports.
+func ShippedKernels(inert string) Kernels {
+	return Kernels{Gradients: "gomlx", Matmul: "pure Go (GoMLX's simplego kernel)",
+		Convolutions: "simplego's own loops", Elementwise: "one operation at a time (GoMLX's loops)",
+		Indexing: "element by element (GoMLX's loops)", Inert: inert}
+}
+
+// CurrentKernels reports the kernels in use in this process.
+func CurrentKernels() Kernels {
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	k := ShippedKernels("no kernel set is linked into this binary (import github.com/goaccel/goaccel/cpu/kernels)")
+	if extension != nil {
+		k = extension.Describe()
+	}
+	k.Ops = opsSchedule
+	return k
+}

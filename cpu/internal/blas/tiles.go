@@ -1,0 +1,64 @@
+package blas
+
+import (
+	"sync"
+
+	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
+	"github.com/goaccel/goaccel/cpu/internal/threads"
+)
+
+// tileGemmBatched runs each batch item of g as a gemmtile.Product: A read in place through offsets (its
+// rows lda apart and its elements 1 apart, or the other way round when transposed), B in place unless
+// transposed (then copied into [k, n] first, the kernel's order).
+func tileGemmBatched(g gemmShape, a, b, c []float32) {
+	lda, ldb := g.lda(), g.ldb()
+	rowStarts, offsets := make([]int, g.m), make([]int32, g.k)
+	for i := range rowStarts {
+		rowStarts[i] = i * pick(g.transA, 1, lda)
+	}
+	for k := range offsets {
+		offsets[k] = int32(k * pick(g.transA, lda, 1))
+	}
+	strideC := g.m * g.n
+	var transposed []float32
+	if g.transB {
+		scratch := getScratch(g.k * g.n)
+		defer transposedScratch.Put(scratch)
+		transposed = (*scratch)[:g.k*g.n]
+	}
+	for i := range g.batch {
+		bi, ldbi := b[g.startB(i):], ldb
+		if g.transB {
+			transposeRows(transposed, bi, g.n, g.k, ldb)
+			bi, ldbi = transposed, g.n
+		}
+		gemmtile.Product{A: a[g.startA(i):], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: ldbi,
+			N: g.n, C: c[i*strideC : (i+1)*strideC], LDC: g.n}.Run(threads.Budget())
+	}
+}
+
+// transposeRows copies src, rows rows of cols elements ld apart, into dst as [cols, rows].
+func transposeRows(dst, src []float32, rows, cols, ld int) {
+	if ld == cols {
+		transposeInto(dst, src[:rows*cols], []int{rows, cols}, []int{1, 0})
+		return
+	}
+	for r := range rows {
+		for c, v := range src[r*ld : r*ld+cols] {
+			dst[c*rows+r] = v
+		}
+	}
+}
+
+// transposedScratch holds the buffers transposed B operands are copied into, so that products of the same
+// sizes step after step reuse memory instead of allocating (and the kernel faulting in) a fresh operand.
+var transposedScratch sync.Pool
+
+// getScratch returns a buffer of at least n elements from transposedScratch.
+func getScratch(n int) *[]float32 {
+	if scratch, ok := transposedScratch.Get().(*[]float32); ok && cap(*scratch) >= n {
+		return scratch
+	}
+	scratch := make([]float32, n)
+	return &scratch
+}

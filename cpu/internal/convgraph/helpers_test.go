@@ -1,0 +1,9 @@
+package convgraph
+
+import (
+	"testing"
+
+	"github.com/goaccel/goaccel/cpu/internal/computetest"
+)
+
+func TestMain(m *testing.M) { computetest.Main(m) }

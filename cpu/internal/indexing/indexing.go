@@ -1,0 +1,112 @@
+// Package indexing speeds up Gather and ScatterSum on GoMLX's pure-Go backend (simplego) where they move
+// whole rows of a table, the way every language model uses them:
+//
+//   - an embedding lookup gathers a table's rows by token id, and its gradient scatter-adds the rows of
+//     the output's gradient back into a table of zeros;
+//   - a sparse loss picks one logit per position by label (a gather of single elements of a flattened
+//     table), and its gradient scatters one value per position.
+//
+// simplego walks both through per-axis index iterators and copies or adds one element per step. Here a
+// row is one copy or one loop of adds. Gathers and scatters of any other layout, and index or data types
+// this package does not list, fall back on simplego's own executors. Results are bitwise the same:
+// rows are added in the order of their indices, element by element, as simplego adds them. Index
+// bounds follow XLA: a gather clamps an out-of-range index into the table, and a scatter skips an update
+// whose index is out of range (simplego's own scatter does not check).
+//
+// Install patches simplego's executor table through the same internals as the blas, elementwise and
+// convkernel packages.
+package indexing
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
+)
+
+var (
+	installMu sync.Mutex
+	patches   = []*gomlxpatch.ExecutorPatch{
+		{OpType: backends.OpTypeGather, Executor: execGather},
+		{OpType: backends.OpTypeScatterSum, Executor: execScatterSum},
+	}
+	// fallbacks holds simplego's own executor per op type, found at Install.
+	fallbacks [backends.OpTypeLast]gomlxpatch.Executor
+
+	gatherCalls, scatterCalls atomic.Uint64
+)
+
+// Install routes simplego's Gather and ScatterSum through this package. It is idempotent, and must not
+// run concurrently with executions (simplego reads its executor table without synchronization).
+func Install() error {
+	installMu.Lock()
+	defer installMu.Unlock()
+	err := gomlxpatch.InstallReplacing(patches, func(opType backends.OpType, replaced gomlxpatch.Executor) {
+		fallbacks[opType] = replaced
+	})
+	if err != nil {
+		return fmt.Errorf("indexing: %w", err)
+	}
+	return nil
+}
+
+// Uninstall restores simplego's executors.
+func Uninstall() {
+	installMu.Lock()
+	defer installMu.Unlock()
+	gomlxpatch.UninstallAll(patches)
+}
+
+// Installed reports whether the executors are in simplego's table.
+func Installed() bool {
+	installMu.Lock()
+	defer installMu.Unlock()
+	return patches[0].Installed()
+}
+
+// Counts says how many gathers and scatters this package computed since the process started (the rest
+// ran on simplego's executors).
+type Counts struct {
+	Gathers, Scatters uint64
+}
+
+// Calls returns the operations computed so far.
+func Calls() Counts { return Counts{Gathers: gatherCalls.Load(), Scatters: scatterCalls.Load()} }
+
+// execGather runs a gather of whole rows as one copy per index.
+func execGather(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
+	inputsOwned []bool) (*simplego.Buffer, error) {
+	if output, ok := gatherRows(backend, node, inputs); ok {
+		gatherCalls.Add(1)
+		return output, nil
+	}
+	return fallbacks[backends.OpTypeGather](backend, node, inputs, inputsOwned)
+}
+
+// execScatterSum runs a scatter-add of whole rows as one loop of adds per index.
+func execScatterSum(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
+	inputsOwned []bool) (*simplego.Buffer, error) {
+	if output, ok := scatterRows(backend, node, inputs, inputsOwned); ok {
+		scatterCalls.Add(1)
+		return output, nil
+	}
+	return fallbacks[backends.OpTypeScatterSum](backend, node, inputs, inputsOwned)
+}
+
+// shapesOf returns the shapes of the buffers, and false if one cannot be read.
+func shapesOf(backend *simplego.Backend, buffers []*simplego.Buffer) ([]shapes.Shape, bool) {
+	out := make([]shapes.Shape, len(buffers))
+	for i, b := range buffers {
+		s, err := backend.BufferShape(b)
+		if err != nil {
+			return nil, false
+		}
+		out[i] = s
+	}
+	return out, true
+}
