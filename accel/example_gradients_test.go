@@ -12,13 +12,11 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/prepare"
-	"github.com/goaccel/goaccel/schedule"
 )
 
 // exampleLoop prepares the two-weight linear model of the conformance tests (w starts at 0) with SGD at
 // 0.1 and a loader of batches of 2 over n examples, then runs body inside Accumulate after each Backward.
-func exampleLoop(acc *accel.Accelerator, n int, body func(model *prepare.Model, opt *prepare.Optimizer) error) error {
+func exampleLoop(acc *accel.Accelerator, n int, body func(model *accel.Model, opt *accel.Optimizer) error) error {
 	model, err := acc.PrepareModel(context.New(), linearModel(0, false), losses.MeanSquaredError)
 	if err != nil {
 		return err
@@ -31,7 +29,7 @@ func exampleLoop(acc *accel.Accelerator, n int, body func(model *prepare.Model, 
 	if err != nil {
 		return err
 	}
-	loader, err := acc.PrepareDataLoader(src, prepare.BatchSize(2))
+	loader, err := acc.PrepareDataLoader(src, accel.BatchSize(2))
 	if err != nil {
 		return err
 	}
@@ -63,7 +61,7 @@ func exampleLoop(acc *accel.Accelerator, n int, body func(model *prepare.Model, 
 func ExampleAccelerator_GradientState() {
 	acc, _ := accel.New(accel.WithGradientAccumulationSteps(2))
 	defer acc.Close()
-	err := exampleLoop(acc, 5, func(*prepare.Model, *prepare.Optimizer) error {
+	err := exampleLoop(acc, 5, func(*accel.Model, *accel.Optimizer) error {
 		gs := acc.GradientState()
 		fmt.Printf("step in cycle %d: sync %v, end of loader %v, remainder %d, in a loader %v\n",
 			gs.StepInCycle(), gs.SyncGradients(), gs.EndOfDataloader(), gs.Remainder(), acc.ActiveDataLoader() != nil)
@@ -86,7 +84,7 @@ func ExampleAccelerator_GradientState() {
 func ExampleAccelerator_ClipGradNorm() {
 	acc, _ := accel.New(accel.WithGradientAccumulationSteps(2))
 	defer acc.Close()
-	err := exampleLoop(acc, 4, func(model *prepare.Model, _ *prepare.Optimizer) error {
+	err := exampleLoop(acc, 4, func(model *accel.Model, _ *accel.Optimizer) error {
 		norm, err := acc.ClipGradNorm(model, 1)
 		if err != nil {
 			return err
@@ -110,7 +108,7 @@ func ExampleAccelerator_ClipGradNorm() {
 func ExampleAccelerator_ClipGradValue() {
 	acc, _ := accel.New()
 	defer acc.Close()
-	err := exampleLoop(acc, 2, func(model *prepare.Model, _ *prepare.Optimizer) error {
+	err := exampleLoop(acc, 2, func(model *accel.Model, _ *accel.Optimizer) error {
 		if err := acc.ClipGradValue(model, 0.5); err != nil {
 			return err
 		}
@@ -132,8 +130,8 @@ func ExampleAccelerator_ClipGradValue() {
 func ExampleAccelerator_PrepareScheduler() {
 	acc, _ := accel.New(accel.WithGradientAccumulationSteps(2))
 	defer acc.Close()
-	var sched *prepare.Scheduler
-	err := exampleLoop(acc, 12, func(_ *prepare.Model, opt *prepare.Optimizer) error {
+	var sched *accel.Scheduler
+	err := exampleLoop(acc, 12, func(_ *accel.Model, opt *accel.Optimizer) error {
 		if sched == nil {
 			var err error
 			sched, err = acc.PrepareScheduler(opt, func(step int64) float64 { return 0.1 * min(float64(step+1)/2, 1) })
@@ -160,7 +158,7 @@ func ExampleAccelerator_PrepareScheduler() {
 func ExampleWithSyncEachBatch() {
 	acc, _ := accel.New(accel.WithGradientAccumulationSteps(2), accel.WithSyncEachBatch())
 	defer acc.Close()
-	err := exampleLoop(acc, 8, func(*prepare.Model, *prepare.Optimizer) error { return nil })
+	err := exampleLoop(acc, 8, func(*accel.Model, *accel.Optimizer) error { return nil })
 	if err != nil {
 		fmt.Println(err)
 	}
@@ -180,7 +178,7 @@ func ExampleAccelerator_Prepare() {
 		Loss:      losses.MeanSquaredError,
 		Optimizer: optimizers.StochasticGradientDescent().WithDecay(false),
 		Schedule:  func(step int64) float64 { return 0.1 },
-		Loaders:   []accel.LoaderSpec{{Source: src, Options: []prepare.LoaderOption{prepare.BatchSize(2)}}},
+		Loaders:   []accel.LoaderSpec{{Source: src, Options: []accel.LoaderOption{accel.BatchSize(2)}}},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -212,7 +210,7 @@ func ExampleOutputs() {
 	defer acc.Close()
 	model, _ := acc.PrepareModel(context.New(), linearModel(0, false), losses.MeanSquaredError)
 	src, _ := linSource(2, 0, 0)
-	loader, _ := acc.PrepareDataLoader(src, prepare.BatchSize(2))
+	loader, _ := acc.PrepareDataLoader(src, accel.BatchSize(2))
 	for batch := range loader.All() {
 		var outputs []*tensors.Tensor
 		loss, err := acc.Backward(model, batch, accel.Outputs(&outputs))
@@ -226,7 +224,7 @@ func ExampleOutputs() {
 	// loss 0.7222, predictions [[0] [0]]
 }
 
-// Metrics returns in-graph training metrics declared with prepare.TrainMetrics — here the accuracy of the
+// Metrics returns in-graph training metrics declared with accel.TrainMetrics — here the accuracy of the
 // predictions' sign — from the training forward pass: 0 at w = 0, 1 once SGD took a step.
 func ExampleMetrics() {
 	acc, _ := accel.New()
@@ -235,10 +233,10 @@ func ExampleMetrics() {
 		right := Equal(Sign(predictions[0]), Sign(labels[0]))
 		return []*Node{ReduceAllMean(ConvertDType(right, dtypes.Float64))}
 	}
-	model, _ := acc.PrepareModel(context.New(), linearModel(0, false), losses.MeanSquaredError, prepare.TrainMetrics(accuracy))
+	model, _ := acc.PrepareModel(context.New(), linearModel(0, false), losses.MeanSquaredError, accel.TrainMetrics(accuracy))
 	opt, _ := acc.PrepareOptimizer(model, optimizers.StochasticGradientDescent().WithDecay(false).WithLearningRate(0.1))
 	src, _ := linSource(2, 0, 0)
-	loader, _ := acc.PrepareDataLoader(src, prepare.BatchSize(2))
+	loader, _ := acc.PrepareDataLoader(src, accel.BatchSize(2))
 	for epoch := range 2 {
 		for batch := range loader.All() {
 			var metrics []*tensors.Tensor
@@ -262,7 +260,7 @@ func ExampleWithSplitBatches() {
 	acc, _ := accel.New(accel.WithSplitBatches())
 	defer acc.Close()
 	src, _ := linSource(8, 0, 0)
-	loader, err := acc.PrepareDataLoader(src, prepare.BatchSize(4))
+	loader, err := acc.PrepareDataLoader(src, accel.BatchSize(4))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -282,7 +280,7 @@ func ExampleDataLoss() {
 		train.AddLoss(ctx, MulScalar(ReduceAllSum(Square(w.ValueGraph(in[0].Graph()))), 0.5)) // 0.5·Σw² = 1
 		return []*Node{MatMul(in[0], w.ValueGraph(in[0].Graph()))}
 	}, losses.MeanSquaredError)
-	batch := prepare.Batch{Inputs: []*tensors.Tensor{tensors.FromValue([][]float64{{1, 2}})},
+	batch := accel.Batch{Inputs: []*tensors.Tensor{tensors.FromValue([][]float64{{1, 2}})},
 		Labels: []*tensors.Tensor{tensors.FromValue([][]float64{{5}})}} // prediction 3: squared error 4
 	var dataLoss float64
 	loss, err := acc.Backward(model, batch, accel.DataLoss(&dataLoss))
@@ -298,15 +296,15 @@ func ExampleAccelerator_OptimizerStepsPerEpoch() {
 	defer acc.Close()
 	src, _ := linSource(8, 0, 0)
 	p, err := acc.Prepare(accel.Spec{Model: linearModel(0, false), Loss: losses.MeanSquaredError,
-		Optimizer: optimizers.StochasticGradientDescent().WithDecay(false).Done(), SizedSchedule: schedule.Cosine(0.1, 1),
-		Epochs: 3, Loaders: []accel.LoaderSpec{{Source: src, Options: []prepare.LoaderOption{prepare.BatchSize(2)}}}})
+		Optimizer: optimizers.StochasticGradientDescent().WithDecay(false).Done(), SizedSchedule: accel.Cosine(0.1, 1),
+		Epochs: 3, Loaders: []accel.LoaderSpec{{Source: src, Options: []accel.LoaderOption{accel.BatchSize(2)}}}})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	perEpoch, _ := acc.OptimizerStepsPerEpoch(p.Loaders[0])
 	fmt.Println("optimizer steps per epoch:", perEpoch)
-	fmt.Printf("first rate after warm-up: %.3f\n", schedule.Cosine(0.1, 1)(3*perEpoch)(1))
+	fmt.Printf("first rate after warm-up: %.3f\n", accel.Cosine(0.1, 1)(3*perEpoch)(1))
 	fmt.Printf("next step's rate: %.3f\n", p.Scheduler.LearningRate())
 	// Output:
 	// optimizer steps per epoch: 2

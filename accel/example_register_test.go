@@ -11,9 +11,6 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/checkpoint"
-	"github.com/goaccel/goaccel/prepare"
-	"github.com/goaccel/goaccel/userstate"
 )
 
 // bestLoss is the loop's own state: the lowest loss seen so far, as text.
@@ -51,10 +48,10 @@ func ExampleAccelerator_RegisterForCheckpointing() {
 		defer acc.Close()
 		best, seen := &bestLoss{value: math.Inf(1)}, &batchesSeen{}
 		_ = acc.RegisterForCheckpointing("best-loss", best) // the same on every process: saved once
-		_ = acc.RegisterForCheckpointing("batches-seen", seen, userstate.PerRank())
+		_ = acc.RegisterForCheckpointing("batches-seen", seen, accel.PerRank())
 		model, _ := acc.PrepareModel(context.New(), linear, losses.MeanSquaredError)
 		opt, _ := acc.PrepareOptimizer(model, optimizers.Adam().Done())
-		loader, _ := acc.PrepareDataLoader(lineData(32), prepare.BatchSize(4))
+		loader, _ := acc.PrepareDataLoader(lineData(32), accel.BatchSize(4))
 		if resume {
 			err := acc.LoadState(dir)
 			fmt.Printf("resumed: the saved best loss: %t, after %d batches (%v)\n", best.value == savedBest, seen.n, err)
@@ -81,9 +78,9 @@ func ExampleAccelerator_RegisterForCheckpointing() {
 	defer acc.Close()
 	model, _ := acc.PrepareModel(context.New(), linear, losses.MeanSquaredError)
 	_, _ = acc.PrepareOptimizer(model, optimizers.Adam().Done())
-	_, _ = acc.PrepareDataLoader(lineData(32), prepare.BatchSize(4))
+	_, _ = acc.PrepareDataLoader(lineData(32), accel.BatchSize(4))
 	_ = acc.RegisterForCheckpointing("best-loss", &bestLoss{})
-	latest, _ := checkpoint.Latest(dir)
+	latest, _ := accel.LatestCheckpoint(dir)
 	err := acc.LoadState(latest)
 	fmt.Println(err != nil)
 	// Output:

@@ -12,7 +12,6 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/prepare"
 )
 
 // linear is a one-layer model: predictions = inputs·W + b.
@@ -21,14 +20,14 @@ func linear(ctx *context.Context, inputs []*Node) []*Node {
 }
 
 // lineData is y = 3x - 1 on n points.
-func lineData(n int) prepare.Source {
+func lineData(n int) accel.Source {
 	x := make([]float32, n)
 	y := make([]float32, n)
 	for i := range x {
 		x[i] = float32(i)/float32(n) - 0.5
 		y[i] = 3*x[i] - 1
 	}
-	src, err := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(x, n, 1)},
+	src, err := accel.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(x, n, 1)},
 		[]*tensors.Tensor{tensors.FromFlatDataAndDimensions(y, n, 1)})
 	if err != nil {
 		panic(err)
@@ -55,7 +54,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	loader, err := acc.PrepareDataLoader(lineData(64), prepare.BatchSize(4), prepare.Shuffle())
+	loader, err := acc.PrepareDataLoader(lineData(64), accel.BatchSize(4), accel.Shuffle())
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -112,7 +111,7 @@ func ExampleAccelerator_NoSync() {
 	defer acc.Close()
 	model, _ := acc.PrepareModel(context.New(), linear, losses.MeanSquaredError)
 	opt, _ := acc.PrepareOptimizer(model, optimizers.StochasticGradientDescent())
-	loader, _ := acc.PrepareDataLoader(lineData(16), prepare.BatchSize(4))
+	loader, _ := acc.PrepareDataLoader(lineData(16), accel.BatchSize(4))
 	const k = 2
 	i := 0
 	for batch := range loader.All() {
@@ -145,7 +144,7 @@ func ExampleAccelerator_SaveState() {
 		defer acc.Close()
 		model, _ := acc.PrepareModel(context.New(), linear, losses.MeanSquaredError)
 		opt, _ := acc.PrepareOptimizer(model, optimizers.Adam().Done())
-		loader, _ := acc.PrepareDataLoader(lineData(32), prepare.BatchSize(4))
+		loader, _ := acc.PrepareDataLoader(lineData(32), accel.BatchSize(4))
 		if resume {
 			if err := acc.LoadState(dir); err != nil {
 				fmt.Println(err)
@@ -180,7 +179,7 @@ func ExampleAccelerator_SaveState() {
 func ExampleAccelerator_GatherForMetrics() {
 	acc, _ := accel.New()
 	defer acc.Close()
-	loader, _ := acc.PrepareDataLoader(lineData(10), prepare.BatchSize(4))
+	loader, _ := acc.PrepareDataLoader(lineData(10), accel.BatchSize(4))
 	total := 0
 	for batch := range loader.All() {
 		ids := make([]int32, len(batch.Indices))

@@ -24,9 +24,6 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/metrics"
-	"github.com/goaccel/goaccel/prepare"
-	"github.com/goaccel/goaccel/schedule"
 )
 
 const classes = 3
@@ -64,8 +61,8 @@ func run(args []string, out io.Writer) (err error) {
 	p, err := acc.Prepare(accel.Spec{
 		Model: mlp, Loss: losses.SparseCategoricalCrossEntropyLogits,
 		Optimizer:     optimizers.Adam().Done(),
-		SizedSchedule: schedule.Cosine(0.01, 10), Epochs: *epochs, // sized by this job's optimizer steps
-		Loaders: []accel.LoaderSpec{{Source: train, Options: []prepare.LoaderOption{prepare.BatchSize(32), prepare.Shuffle()}}},
+		SizedSchedule: accel.Cosine(0.01, 10), Epochs: *epochs, // sized by this job's optimizer steps
+		Loaders: []accel.LoaderSpec{{Source: train, Options: []accel.LoaderOption{accel.BatchSize(32), accel.Shuffle()}}},
 	})
 	if err != nil {
 		return err
@@ -119,12 +116,12 @@ func mlp(ctx *context.Context, in []*graph.Node) []*graph.Node {
 }
 
 // evaluate scores the test split, every example once whatever the number of processes.
-func evaluate(acc *accel.Accelerator, model *prepare.Model, test prepare.Source) (map[string]float64, error) {
-	loader, err := acc.PrepareDataLoader(test, prepare.BatchSize(64), prepare.SkipCheckpoint())
+func evaluate(acc *accel.Accelerator, model *accel.Model, test accel.Source) (map[string]float64, error) {
+	loader, err := acc.PrepareDataLoader(test, accel.BatchSize(64), accel.SkipCheckpoint())
 	if err != nil {
 		return nil, err
 	}
-	scores := metrics.New(acc, metrics.Accuracy(), metrics.CrossEntropy())
+	scores := accel.NewMetrics(acc, accel.Accuracy(), accel.CrossEntropy())
 	for batch, err := range loader.All() {
 		if err != nil {
 			return nil, err
@@ -141,7 +138,7 @@ func evaluate(acc *accel.Accelerator, model *prepare.Model, test prepare.Source)
 }
 
 // clusters draws n points around three centres, labelled by their centre (class labels checked up front).
-func clusters(n int, seed uint64) prepare.Source {
+func clusters(n int, seed uint64) accel.Source {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	centres := [classes][2]float64{{-2, 0}, {2, 0}, {0, 2.5}}
 	x, y := make([]float32, 2*n), make([]int32, n)
@@ -151,8 +148,8 @@ func clusters(n int, seed uint64) prepare.Source {
 		x[2*i+1] = float32(centres[c][1] + rng.NormFloat64()*0.7)
 		y[i] = int32(c)
 	}
-	src, err := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(x, n, 2)},
-		[]*tensors.Tensor{tensors.FromFlatDataAndDimensions(y, n, 1)}, prepare.SparseLabels(classes))
+	src, err := accel.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(x, n, 2)},
+		[]*tensors.Tensor{tensors.FromFlatDataAndDimensions(y, n, 1)}, accel.SparseLabels(classes))
 	if err != nil {
 		panic(err) // the shapes and labels above are always valid
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/accel"
 )
 
 // TestClassifierTrainsSavesAndResumes runs the program for 3 epochs with checkpoints, then resumes it to 5:
@@ -19,7 +19,7 @@ func TestClassifierTrainsSavesAndResumes(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	var first strings.Builder
 	require.NoError(t, run([]string{"-epochs", "3", "-checkpoints", dir}, &first))
-	saved, err := checkpoint.List(dir)
+	saved, err := accel.ListCheckpoints(dir)
 	require.NoError(t, err)
 	assert.Len(t, saved, 3, "a checkpoint per epoch")
 

@@ -18,7 +18,6 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/prepare"
 )
 
 func main() {
@@ -46,7 +45,7 @@ func run(out io.Writer, epochs int) (err error) {
 	if err != nil {
 		return err
 	}
-	loader, err := acc.PrepareDataLoader(line(256), prepare.BatchSize(8), prepare.Shuffle())
+	loader, err := acc.PrepareDataLoader(line(256), accel.BatchSize(8), accel.Shuffle())
 	if err != nil {
 		return err
 	}
@@ -77,13 +76,13 @@ func run(out io.Writer, epochs int) (err error) {
 }
 
 // line is n points of y = 3x − 1 on [−0.5, 0.5).
-func line(n int) prepare.Source {
+func line(n int) accel.Source {
 	x, y := make([]float32, n), make([]float32, n)
 	for i := range n {
 		x[i] = float32(i)/float32(n) - 0.5
 		y[i] = 3*x[i] - 1
 	}
-	src, err := prepare.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(x, n, 1)},
+	src, err := accel.TensorSource([]*tensors.Tensor{tensors.FromFlatDataAndDimensions(x, n, 1)},
 		[]*tensors.Tensor{tensors.FromFlatDataAndDimensions(y, n, 1)})
 	if err != nil {
 		panic(err) // the shapes above always agree
@@ -92,7 +91,7 @@ func line(n int) prepare.Source {
 }
 
 // weight reads the dense layer's single weight or bias.
-func weight(model *prepare.Model, name string) float32 {
+func weight(model *accel.Model, name string) float32 {
 	v := model.Context().In("line").In("dense").GetVariable(name)
 	if v == nil {
 		return float32(0)
