@@ -343,6 +343,7 @@ func TestExpandNodeList(t *testing.T) {
 	tests := []struct {
 		list    string
 		want    []string
+		wantLen int // instead of want, for long lists
 		wantErr string
 	}{
 		{list: "node1", want: []string{"node1"}},
@@ -358,6 +359,15 @@ func TestExpandNodeList(t *testing.T) {
 		{list: "node[3-1]", wantErr: `"3-1" is not a number or a range`},
 		{list: "node[a-b]", wantErr: `"a-b" is not a number or a range`},
 		{list: "a,,b", wantErr: "empty name"},
+		{list: "n[]", wantErr: `"" is not a number or a range`},
+		{list: "n[+1]", wantErr: `"+1" is not a number or a range`},
+		{list: "n[0-1023][0-1023]", wantLen: 1 << 20},
+		// Counted, not expanded: 10^10 names would take hundreds of gigabytes.
+		{list: "n[0-99999][0-99999]", wantErr: `"n[0-99999][0-99999]" names more than 1048576 hosts`},
+		{list: "n[0-1023][0-1023],x", wantErr: `node list "n[0-1023][0-1023],x" names more than 1048576 hosts`},
+		{list: "n[0-9223372036854775807]", wantErr: "names more than 1048576 hosts"},
+		{list: "n[0-600000,0-600000]", wantErr: "names more than 1048576 hosts"},
+		{list: "n[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]", wantErr: "names more than 1048576 hosts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.list, func(t *testing.T) {
@@ -367,6 +377,10 @@ func TestExpandNodeList(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
+			if tt.wantLen > 0 {
+				assert.Len(t, got, tt.wantLen)
+				return
+			}
 			assert.Equal(t, tt.want, got)
 		})
 	}
@@ -376,6 +390,7 @@ func TestExpandTasksPerNode(t *testing.T) {
 	tests := []struct {
 		value   string
 		want    []int
+		wantLen int // instead of want, for long lists
 		wantErr string
 	}{
 		{value: "4", want: []int{4}},
@@ -385,6 +400,15 @@ func TestExpandTasksPerNode(t *testing.T) {
 		{value: "4(x0)", wantErr: "is not N or N(xM)"},
 		{value: "4(2)", wantErr: "is not N or N(xM)"},
 		{value: "", wantErr: "is not N or N(xM)"},
+		{value: "+4", wantErr: "is not N or N(xM)"},
+		{value: "4(x-1)", wantErr: "is not N or N(xM)"},
+		{value: "1(x1048575),2", wantLen: 1 << 20},
+		// Counted, not expanded: 10^12 counts would take eight terabytes.
+		{value: "1(x1000000000000)", wantErr: `"1(x1000000000000)" gives more than 1048576 nodes' task counts`},
+		{value: "1(x1048576),2", wantErr: "gives more than 1048576 nodes' task counts"},
+		{value: "1(x99999999999999999999)", wantErr: "gives more than 1048576 nodes' task counts"},
+		{value: "1048577", wantErr: `"1048577": a node runs at most 1048576 tasks`},
+		{value: "99999999999999999999(x2)", wantErr: "a node runs at most 1048576 tasks"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.value, func(t *testing.T) {
@@ -394,6 +418,10 @@ func TestExpandTasksPerNode(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
+			if tt.wantLen > 0 {
+				assert.Len(t, got, tt.wantLen)
+				return
+			}
 			assert.Equal(t, tt.want, got)
 		})
 	}

@@ -24,6 +24,11 @@ func (h Host) String() string { return h.Name + ":" + strconv.Itoa(h.Slots) }
 // IPv6 addresses are left out: their colons cannot be told from the slots' in mpirun's --host.
 var hostName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
 
+// maxSlots bounds the slots of one host (and the task count of one Slurm node): no machine runs a million
+// processes of one job, and a count beyond it is a typo or garbage, which must not become an mpirun -np
+// or a sum of slots that overflows.
+const maxSlots = 1 << 20
+
 // ParseHosts reads a host list as `accel launch --hosts` takes it: comma-separated NAME or NAME:SLOTS, slots
 // 1 when left out ("node1:4,node2:4", "a,b,c"). A name may appear once.
 func ParseHosts(spec string) ([]Host, error) {

@@ -88,14 +88,26 @@ func slurmHostnames(list string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("launch: scontrol show hostnames %s printed no host", list)
 	}
+	if len(names) > maxListEntries {
+		return nil, fmt.Errorf("launch: scontrol show hostnames %s printed more than %d hosts", list, maxListEntries)
+	}
 	return names, nil
 }
 
+// maxListEntries bounds what a host list may expand to: the names of a Slurm node list, the counts of a
+// task list, the hosts of a hostfile. The largest machines have tens of thousands of nodes; a compact form
+// that claims more ("n[0-99999][0-99999]", "1(x1000000000000)") is a typo or garbage, and expanding it
+// would exhaust memory, or start a probe process per name, before anything could say so. The count is
+// computed before anything is allocated.
+const maxListEntries = 1 << 20
+
 // ExpandNodeList expands Slurm's compact node list ("node[1-3,5],gpu-a[01-02]b") into host names
 // ("node1", "node2", "node3", "node5", "gpu-a01b", "gpu-a02b"), as `scontrol show hostnames` does: ranges
-// keep the zero padding of their first number, and several bracket groups in one name multiply.
+// keep the zero padding of their first number, and several bracket groups in one name multiply. A list of
+// more than 1048576 names is refused before it is expanded.
 func ExpandNodeList(list string) ([]string, error) {
-	var names []string
+	var items []nodePattern
+	total := 0
 	depth, start := 0, 0
 	for i := 0; i <= len(list); i++ {
 		if i < len(list) {
@@ -125,61 +137,111 @@ func ExpandNodeList(list string) ([]string, error) {
 		if item == "" {
 			return nil, fmt.Errorf("launch: node list %q has an empty name", list)
 		}
-		expanded, err := expandNodeName(item)
+		p, err := parseNodePattern(item)
 		if err != nil {
 			return nil, fmt.Errorf("launch: node list %q: %w", list, err)
 		}
-		names = append(names, expanded...)
+		if total += p.count; total > maxListEntries {
+			return nil, fmt.Errorf("launch: node list %q names more than %d hosts", list, maxListEntries)
+		}
+		items = append(items, p)
+	}
+	names := make([]string, 0, total)
+	for _, p := range items {
+		names = p.expand(names)
 	}
 	return names, nil
 }
 
-// expandNodeName expands the bracket groups of one name, the first group outermost.
-func expandNodeName(item string) ([]string, error) {
-	open := strings.IndexByte(item, '[')
-	if open < 0 {
-		if strings.ContainsAny(item, "]") {
-			return nil, fmt.Errorf("%q: unbalanced ']'", item)
+// nodePattern is one name of a node list: parts[0] + a number of groups[0] + parts[1] + ... The first
+// group varies slowest.
+type nodePattern struct {
+	parts  []string
+	groups [][]nodeRange
+	count  int // the names it expands to, at most maxListEntries+1
+}
+
+// nodeRange is LOW-HIGH, or one number (LOW == HIGH), of a bracket group; width is LOW's digits, kept as
+// zero padding.
+type nodeRange struct{ lo, hi, width int }
+
+// parseNodePattern reads one name of a node list and counts its names, without expanding them.
+func parseNodePattern(item string) (nodePattern, error) {
+	p := nodePattern{count: 1}
+	rest := item
+	for {
+		open := strings.IndexByte(rest, '[')
+		if open < 0 {
+			if strings.Contains(rest, "]") {
+				return p, fmt.Errorf("%q: unbalanced ']'", item)
+			}
+			p.parts = append(p.parts, rest)
+			return p, nil
 		}
-		return []string{item}, nil
+		closing := strings.IndexByte(rest[open:], ']')
+		if closing < 0 {
+			return p, fmt.Errorf("%q: unbalanced '['", item)
+		}
+		prefix, ranges := rest[:open], rest[open+1:open+closing]
+		if strings.Contains(prefix, "]") {
+			return p, fmt.Errorf("%q: unbalanced ']'", item)
+		}
+		rest = rest[open+closing+1:]
+		var group []nodeRange
+		size := 0
+		for _, r := range strings.Split(ranges, ",") {
+			from, to, isRange := strings.Cut(r, "-")
+			if !isRange {
+				to = from
+			}
+			lo, err1 := strconv.Atoi(from)
+			hi, err2 := strconv.Atoi(to)
+			if err1 != nil || err2 != nil || !isDigits(from) || !isDigits(to) || hi < lo {
+				return p, fmt.Errorf("%q: %q is not a number or a range LOW-HIGH", item, r)
+			}
+			// hi-lo cannot overflow: both are at least 0.
+			if hi-lo >= maxListEntries || size+hi-lo+1 > maxListEntries {
+				return p, fmt.Errorf("%q names more than %d hosts", item, maxListEntries)
+			}
+			size += hi - lo + 1
+			group = append(group, nodeRange{lo: lo, hi: hi, width: len(from)})
+		}
+		// Both factors are at most maxListEntries+1, so the product fits an int before it is capped.
+		p.count = min(p.count*size, maxListEntries+1)
+		p.parts = append(p.parts, prefix)
+		p.groups = append(p.groups, group)
 	}
-	closing := strings.IndexByte(item[open:], ']')
-	if closing < 0 {
-		return nil, fmt.Errorf("%q: unbalanced '['", item)
-	}
-	prefix, ranges, rest := item[:open], item[open+1:open+closing], item[open+closing+1:]
-	tails, err := expandNodeName(rest)
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, r := range strings.Split(ranges, ",") {
-		from, to, isRange := strings.Cut(r, "-")
-		if !isRange {
-			to = from
+}
+
+// expand appends the pattern's names to names.
+func (p nodePattern) expand(names []string) []string {
+	var walk func(g int, name string)
+	walk = func(g int, name string) {
+		if g == len(p.groups) {
+			names = append(names, name+p.parts[g])
+			return
 		}
-		lo, err1 := strconv.Atoi(from)
-		hi, err2 := strconv.Atoi(to)
-		if err1 != nil || err2 != nil || from == "" || to == "" || lo < 0 || hi < lo {
-			return nil, fmt.Errorf("%q: %q is not a number or a range LOW-HIGH", item, r)
-		}
-		if hi-lo > 100000 {
-			return nil, fmt.Errorf("%q: range %q is too large", item, r)
-		}
-		for n := lo; n <= hi; n++ {
-			number := fmt.Sprintf("%0*d", len(from), n)
-			for _, tail := range tails {
-				names = append(names, prefix+number+tail)
+		for _, r := range p.groups[g] {
+			for n := r.lo; n <= r.hi; n++ {
+				walk(g+1, name+p.parts[g]+fmt.Sprintf("%0*d", r.width, n))
 			}
 		}
 	}
-	return names, nil
+	walk(0, "")
+	return names
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // ExpandTasksPerNode expands Slurm's compressed task counts ("4(x2),2") into one count per node
-// ([4 4 2]).
+// ([4 4 2]). Each count is from 1 to 1048576, and a list of more than 1048576 nodes' counts is refused
+// before it is expanded.
 func ExpandTasksPerNode(value string) ([]int, error) {
-	var counts []int
+	type run struct{ n, times int }
+	var runs []run
+	total := 0
 	for _, part := range strings.Split(value, ",") {
 		number, repeat := part, "1"
 		if i := strings.IndexByte(part, '('); i >= 0 {
@@ -190,11 +252,21 @@ func ExpandTasksPerNode(value string) ([]int, error) {
 		}
 		n, err1 := strconv.Atoi(number)
 		times, err2 := strconv.Atoi(repeat)
-		if err1 != nil || err2 != nil || n < 1 || times < 1 {
+		switch {
+		case !isDigits(number) || !isDigits(repeat) || err1 == nil && n < 1 || err2 == nil && times < 1:
 			return nil, fmt.Errorf("%q: %q is not N or N(xM) with N, M at least 1", value, part)
+		case err1 != nil || n > maxSlots: // only digits: the number is too large
+			return nil, fmt.Errorf("%q: %q: a node runs at most %d tasks", value, part, maxSlots)
+		case err2 != nil || times > maxListEntries-total:
+			return nil, fmt.Errorf("%q gives more than %d nodes' task counts", value, maxListEntries)
 		}
-		for range times {
-			counts = append(counts, n)
+		total += times
+		runs = append(runs, run{n, times})
+	}
+	counts := make([]int, 0, total)
+	for _, r := range runs {
+		for range r.times {
+			counts = append(counts, r.n)
 		}
 	}
 	return counts, nil
