@@ -200,18 +200,22 @@ func expGo(dst, a []float32) {
 		}
 		// Written out in the loop: the compiler would not inline a function of this size, and a call per
 		// element keeps the processor from overlapping consecutive elements' polynomials. The assembly
-		// computes the same operations in the same order.
-		n := (x*log2e + roundMagic) - roundMagic
-		r := x - n*ln2Hi - n*ln2Lo
+		// computes the same operations in the same order, each product rounded before it is added: the
+		// explicit float32(…) around every product that feeds an addition keeps the compiler from fusing
+		// the two into a multiply-add (as it does for GOAMD64=v3 and on arm64), which would round once
+		// instead of twice and give other bits than the assembly's.
+		n := (float32(x*log2e) + roundMagic) - roundMagic
+		r := x - float32(n*ln2Hi) - float32(n*ln2Lo)
 		p := float32(expP0)
-		p = p*r + expP1
-		p = p*r + expP2
-		p = p*r + expP3
-		p = p*r + expP4
-		p = p*r + expP5
+		p = float32(p*r) + expP1
+		p = float32(p*r) + expP2
+		p = float32(p*r) + expP3
+		p = float32(p*r) + expP4
+		p = float32(p*r) + expP5
 		k := int32(n)
 		half := k >> 1
-		dst[i] = (p*r*r + r + 1) * math.Float32frombits(uint32(half+127)<<23) * math.Float32frombits(uint32(k-half+127)<<23)
+		e := float32(float32(p*r)*r) + r + 1
+		dst[i] = e * math.Float32frombits(uint32(half+127)<<23) * math.Float32frombits(uint32(k-half+127)<<23)
 	}
 }
 
@@ -281,13 +285,14 @@ func erf32(x float32) float32 {
 	}
 	x = min(max(x, -erfClamp), erfClamp)
 	x2 := x * x
+	// float32(…) rounds each product before the addition, as the assembly does (see expGo).
 	p := erfP[0]
 	for _, c := range erfP[1:] {
-		p = p*x2 + c
+		p = float32(p*x2) + c
 	}
 	q := erfQ[0]
 	for _, c := range erfQ[1:] {
-		q = q*x2 + c
+		q = float32(q*x2) + c
 	}
 	return x * p / q
 }

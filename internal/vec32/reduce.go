@@ -127,14 +127,15 @@ func combineMin(a *[lanes]float32) float32 {
 
 // SumSquares returns the sum of the squares of x in float64 (each element widened before it is squared), in
 // a fixed order: 16 running sums (x[i] goes to sum i mod 16) over the longest prefix of whole groups of 16,
-// added pairwise, then the remaining elements one by one.
+// added pairwise, then the remaining elements one by one. Each square is rounded to float64 before it is
+// added (no fused multiply-add), in the assembly and in Go alike.
 func SumSquares(x []float32) float64 {
 	var acc [16]float64
 	whole := len(x) / 16 * 16
 	if whole > 0 && !sumSquaresAccel(x[:whole], &acc) {
 		for i := 0; i < whole; i += 16 {
 			for l, v := range x[i : i+16] {
-				acc[l] += float64(v) * float64(v)
+				acc[l] += float64(float64(v) * float64(v)) // rounded before the addition, as in the assembly
 			}
 		}
 	}
@@ -145,7 +146,7 @@ func SumSquares(x []float32) float64 {
 	}
 	total := acc[0]
 	for _, v := range x[whole:] {
-		total += float64(v) * float64(v)
+		total += float64(float64(v) * float64(v))
 	}
 	return total
 }
