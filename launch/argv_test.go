@@ -324,7 +324,10 @@ func TestParseHosts(t *testing.T) {
 		{spec: "a:x", wantErr: `got "x"`},
 		{spec: "a,,b", wantErr: `"" is not a host name`},
 		{spec: "a,b,a:2", wantErr: `host "a" appears twice`},
-		{spec: "-a", wantErr: `"-a" is not a host name`},
+		{spec: "-a", wantErr: `"-a" is not a host name: it starts with '-'`},
+		{spec: "a:+4", wantErr: `slots must be a whole number of at least 1, got "+4"`},
+		{spec: "a:1048577", wantErr: `host "a" in "a:1048577": slots must be at most 1048576, got "1048577"`},
+		{spec: "a:99999999999999999999", wantErr: "slots must be at most 1048576"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {

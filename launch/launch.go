@@ -115,7 +115,10 @@ type config struct {
 func WithMPIRun(program string) Option { return func(c *config) { c.mpirun = program } }
 
 // WithHostfile runs the processes on the hosts listed in path (mpirun --hostfile). With a hostfile goaccel
-// no longer adds --oversubscribe: the hostfile's slots say how many processes each host takes.
+// no longer adds --oversubscribe: the hostfile's slots say how many processes each host takes. Run, Command
+// and Check read the file before anything runs and refuse it unless every line is a host as --hosts takes
+// its names, optionally with slots (NAME, NAME:SLOTS, NAME slots=N KEY=VALUE...; '#' comments); Argv only
+// prints the file's name.
 func WithHostfile(path string) Option { return func(c *config) { c.hostfile = path } }
 
 // WithMPIRunArgs passes extra arguments to mpirun, before the program. A flag given here takes precedence
@@ -301,6 +304,9 @@ func (c *config) placesOnHosts() bool {
 // other are an error.
 func (c *config) jobHosts() ([]Host, error) {
 	if len(c.hosts) > 0 {
+		if err := checkHosts(c.hosts); err != nil {
+			return nil, err
+		}
 		if c.hostfile != "" {
 			return nil, fmt.Errorf("launch: both hosts (%s) and a hostfile (%s): give one", hostList(c.hosts), c.hostfile)
 		}
@@ -436,6 +442,13 @@ func Command(ctx context.Context, procs int, program string, args []string, opts
 }
 
 func (c *config) command(ctx context.Context, procs int, program string, args []string) (*exec.Cmd, error) {
+	// mpirun passes the hostfile's names to ssh: they are checked before anything runs, mpirun --version
+	// included.
+	if c.hostfile != "" {
+		if _, err := readHostfile(c.hostfile); err != nil {
+			return nil, err
+		}
+	}
 	argv, err := c.argv(procs, program, args)
 	if err != nil {
 		return nil, err

@@ -49,7 +49,8 @@ func (e *HostError) Error() string {
 func (e *HostError) Unwrap() error { return e.Err }
 
 // probeHosts runs the launch agent's `true` on every host of the job that is not this one, in parallel,
-// and returns a *HostError for each that did not answer in time (joined).
+// and returns a *HostError for each that did not answer in time (joined). Its host names were checked
+// (checkHostName): none starts with '-'.
 func (c *config) probeHosts(ctx context.Context) error {
 	// Inside an allocation Open MPI starts its daemons through Slurm, whatever the hosts.
 	if c.probeTimeout <= 0 || c.flavor == UnknownFlavor || c.inSlurm() {
@@ -64,11 +65,22 @@ func (c *config) probeHosts(ctx context.Context) error {
 		names = append(names, h.Name)
 	}
 	if c.hostfile != "" {
-		if names, err = hostfileHosts(c.hostfile); err != nil {
+		fileHosts, err := readHostfile(c.hostfile)
+		if err != nil {
 			return err
 		}
+		names = names[:0]
+		for _, h := range fileHosts {
+			names = append(names, h.Name)
+		}
 	}
-	names = slices.DeleteFunc(names, isThisHost)
+	// A hostfile may name a host on several lines; it is probed once.
+	seen := map[string]bool{}
+	names = slices.DeleteFunc(names, func(name string) bool {
+		probed := seen[name]
+		seen[name] = true
+		return probed || isThisHost(name)
+	})
 	if len(names) == 0 {
 		return nil
 	}
@@ -116,10 +128,20 @@ func (c *config) launchAgent() string {
 	return strings.TrimSpace(alternatives[0])
 }
 
+// probeArgv is the command that probes host through the launch agent: AGENT HOST true, and for ssh
+// AGENT -- HOST true, so that ssh reads HOST as its destination whatever it holds.
+func probeArgv(agent []string, host string) []string {
+	argv := slices.Clone(agent)
+	if filepath.Base(argv[0]) == "ssh" && argv[len(argv)-1] != "--" {
+		argv = append(argv, "--")
+	}
+	return append(argv, host, "true")
+}
+
 func probeHost(ctx context.Context, agent []string, host string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	argv := append(slices.Clone(agent), host, "true")
+	argv := probeArgv(agent, host)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -106,12 +106,12 @@ func ExampleCommand() {
 		launch.WithCPUs(8),
 		launch.WithoutDefaultMCA(),
 		launch.WithEnviron([]string{}),
-		launch.WithHostfile("hosts.txt"))
+		launch.WithHostfile("testdata/hosts.txt")) // read and checked here: node1 slots=4, node2 slots=4
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println(launch.String(cmd.Args))
-	// Output: sh -np 2 --hostfile hosts.txt --allow-run-as-root --bind-to none ./train
+	// Output: sh -np 2 --hostfile testdata/hosts.txt --allow-run-as-root --bind-to none ./train
 }
 
 // TestRunRestartsAFailedJob: a job whose rank 1 kills itself with SIGKILL on its first two runs, while

@@ -91,6 +91,11 @@ func slurmHostnames(list string) ([]string, error) {
 	if len(names) > maxListEntries {
 		return nil, fmt.Errorf("launch: scontrol show hostnames %s printed more than %d hosts", list, maxListEntries)
 	}
+	for _, name := range names {
+		if err := checkHostName(name); err != nil {
+			return nil, fmt.Errorf("%w (printed by scontrol show hostnames %s)", err, list)
+		}
+	}
 	return names, nil
 }
 
@@ -103,8 +108,9 @@ const maxListEntries = 1 << 20
 
 // ExpandNodeList expands Slurm's compact node list ("node[1-3,5],gpu-a[01-02]b") into host names
 // ("node1", "node2", "node3", "node5", "gpu-a01b", "gpu-a02b"), as `scontrol show hostnames` does: ranges
-// keep the zero padding of their first number, and several bracket groups in one name multiply. A list of
-// more than 1048576 names is refused before it is expanded.
+// keep the zero padding of their first number, and several bracket groups in one name multiply. Every
+// name must be a host name as --hosts takes it (never one starting with '-'), and a list of more than
+// 1048576 names is refused before it is expanded.
 func ExpandNodeList(list string) ([]string, error) {
 	var items []nodePattern
 	total := 0
@@ -140,6 +146,11 @@ func ExpandNodeList(list string) ([]string, error) {
 		p, err := parseNodePattern(item)
 		if err != nil {
 			return nil, fmt.Errorf("launch: node list %q: %w", list, err)
+		}
+		// The names of a pattern differ in digits only, which a host name may hold anywhere: the first name
+		// is a host name exactly when all are.
+		if err := checkHostName(p.first()); err != nil {
+			return nil, fmt.Errorf("%w (in node list %q)", err, list)
 		}
 		if total += p.count; total > maxListEntries {
 			return nil, fmt.Errorf("launch: node list %q names more than %d hosts", list, maxListEntries)
@@ -211,6 +222,18 @@ func parseNodePattern(item string) (nodePattern, error) {
 		p.parts = append(p.parts, prefix)
 		p.groups = append(p.groups, group)
 	}
+}
+
+// first is the pattern's first name.
+func (p nodePattern) first() string {
+	var b strings.Builder
+	for g, part := range p.parts {
+		b.WriteString(part)
+		if g < len(p.groups) {
+			fmt.Fprintf(&b, "%0*d", p.groups[g][0].width, p.groups[g][0].lo)
+		}
+	}
+	return b.String()
 }
 
 // expand appends the pattern's names to names.
