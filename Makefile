@@ -63,7 +63,7 @@ test: deps deps-torch deps-iproute2 vet
 # demo without the blas tag, for the pure-Go CNN rows; grad_accum_purego_0.2.0 the same demo of release
 # 0.2.0, the pure-Go goal's baseline, built from that release's commit (PUREGO_BASELINE).
 bench: build deps-dataset deps-torch bin/grad_accum_purego_0.2.0
-	$(GO) build -tags $(MPI_TAGS) -o bin/accelbench ./bench/cmd/accelbench
+	$(GO) build -tags $(MPI_TAGS) -o bin/accelbench ./internal/bench/cmd/accelbench
 	$(GO) build -tags $(MPI_TAGS) -o bin/charlm ./examples/charlm
 	$(GO) build -tags mpi -o bin/grad_accum_purego ./examples/grad_accum
 	bin/accelbench -out docs/benchmarks.md -json bin/bench.json > bin/bench.txt

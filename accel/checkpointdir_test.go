@@ -13,7 +13,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/mpitest"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 
 // TestSharedCheckpointDirIsRefused: a second job given a checkpoint directory another job holds is refused

@@ -15,7 +15,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/mpitest"
 	"github.com/goaccel/goaccel/internal/replicas"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 
 func vector(values ...float32) *tensors.Tensor { return tensors.FromValue(values) }

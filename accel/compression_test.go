@@ -14,7 +14,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/mpitest"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 
 // compressedTolerance is how far, relative to each variable's largest weight, S optimizer steps of SGD on

@@ -11,7 +11,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 
 // runRanks runs fn on n goroutine ranks of an in-process group, each with its own Accelerator.

@@ -14,7 +14,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/mpitest"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 
 // rankFailureDeadline bounds a whole job in which one rank fails: starting the ranks, the failure, and

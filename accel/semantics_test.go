@@ -13,7 +13,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 
 // sumLoss is a sum-reduced cross-entropy: the mean times the batch size.

@@ -17,7 +17,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/mpitest"
-	"github.com/goaccel/goaccel/internal/testmodel"
+	"github.com/goaccel/goaccel/internal/testing/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
-	"github.com/goaccel/goaccel/datasets/idx/idxtest"
+	"github.com/goaccel/goaccel/internal/testing/idxtest"
 )
 
 // Loading the dataset. Real code passes fashionmnist.DefaultDir, where

@@ -17,7 +17,7 @@ import (
 
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
 	"github.com/goaccel/goaccel/datasets/idx"
-	"github.com/goaccel/goaccel/datasets/idx/idxtest"
+	"github.com/goaccel/goaccel/internal/testing/idxtest"
 )
 
 // fakeSplit is a tiny synthetic split: image i has every pixel equal to

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/goaccel/goaccel/datasets/idx"
-	"github.com/goaccel/goaccel/datasets/idx/idxtest"
+	"github.com/goaccel/goaccel/internal/testing/idxtest"
 )
 
 // Decoding an IDX array from memory: two 2×3 ubyte "images".

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/datasets/idx"
-	"github.com/goaccel/goaccel/datasets/idx/idxtest"
+	"github.com/goaccel/goaccel/internal/testing/idxtest"
 )
 
 func TestRoundTrip(t *testing.T) {

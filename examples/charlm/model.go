@@ -19,7 +19,7 @@ type architecture struct {
 	context, dModel, heads, blocks int
 }
 
-// Initialisation and normalisation constants shared with the PyTorch twin (bench/pytorch/charlm_ddp.py).
+// Initialisation and normalisation constants shared with the PyTorch twin (internal/bench/pytorch/charlm_ddp.py).
 const (
 	// initStddev is GPT-2's: every weight matrix and embedding starts as N(0, 0.02²), biases at zero.
 	initStddev = 0.02

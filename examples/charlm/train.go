@@ -11,7 +11,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/internal/cpuprofile"
+	"github.com/goaccel/goaccel/examples/internal/cpuprofile"
 	"github.com/goaccel/goaccel/prepare"
 )
 

@@ -26,7 +26,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
-	"github.com/goaccel/goaccel/internal/cpuprofile"
+	"github.com/goaccel/goaccel/examples/internal/cpuprofile"
 )
 
 func main() {

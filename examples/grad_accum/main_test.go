@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
-	"github.com/goaccel/goaccel/datasets/idx/idxtest"
+	"github.com/goaccel/goaccel/internal/testing/idxtest"
 )
 
 // writeFakeDataset writes a tiny dataset in Fashion-MNIST's file format: the image of an example of

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
-	"github.com/goaccel/goaccel/internal/lossplot"
+	"github.com/goaccel/goaccel/examples/internal/lossplot"
 	"github.com/goaccel/goaccel/version"
 )
 

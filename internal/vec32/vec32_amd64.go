@@ -1,3 +1,5 @@
+//go:build !purego
+
 package vec32
 
 import (

@@ -1,8 +1,8 @@
-//go:build !amd64
+//go:build !amd64 || purego
 
 package vec32
 
-// Without assembly every loop is generic.go's.
+// Without assembly (other architectures, and builds with the purego tag) every loop is generic.go's.
 var accelerated = false
 
 func binaryAccel(Op, []float32, []float32, []float32) int        { return 0 }

@@ -13,7 +13,7 @@ The last line on standard output is one JSON object with the fields charlm's sum
 (tokens_per_second, examples_per_second, validation_loss, steps, parameters, ...). Training time excludes
 loading the corpus and the validation.
 
-    /usr/bin/python3 bench/pytorch/charlm_ddp.py --procs 2 --steps 100
+    /usr/bin/python3 internal/bench/pytorch/charlm_ddp.py --procs 2 --steps 100
 """
 
 import argparse

@@ -16,8 +16,8 @@ The last line on standard output is one JSON object with the fields the demo's s
 (train_seconds, examples_per_second, test_accuracy, ...). Training time excludes data loading and test
 evaluation. No network access: the IDX files are read from --data with gzip and numpy.
 
-    /usr/bin/python3 bench/pytorch/fashion_ddp.py --procs 2 --model mlp --epochs 1
-    /usr/bin/python3 bench/pytorch/fashion_ddp.py --rank 1 --world 2 --master-addr 10.0.0.1 --ifname eth0
+    /usr/bin/python3 internal/bench/pytorch/fashion_ddp.py --procs 2 --model mlp --epochs 1
+    /usr/bin/python3 internal/bench/pytorch/fashion_ddp.py --rank 1 --world 2 --master-addr 10.0.0.1 --ifname eth0
 """
 
 import argparse

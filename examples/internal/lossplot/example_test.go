@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/goaccel/goaccel/internal/lossplot"
+	"github.com/goaccel/goaccel/examples/internal/lossplot"
 )
 
 // Plotting a noisy loss curve with its smoothed version on top.

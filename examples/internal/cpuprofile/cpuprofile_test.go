@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/cpuprofile"
+	"github.com/goaccel/goaccel/examples/internal/cpuprofile"
 )
 
 func TestStart(t *testing.T) {

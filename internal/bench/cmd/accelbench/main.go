@@ -17,7 +17,7 @@ package main
 import (
 	"os"
 
-	"github.com/goaccel/goaccel/bench"
+	"github.com/goaccel/goaccel/internal/bench"
 )
 
 func main() {

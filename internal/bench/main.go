@@ -1,6 +1,6 @@
 // Package bench measures goaccel side by side with what users compare it to, in one run, and renders
 // docs/benchmarks.md; docs/benchmarks-method.md says how and why. Main is the accelbench command
-// (bench/cmd/accelbench), which `make bench` runs:
+// (internal/bench/cmd/accelbench), which `make bench` runs:
 //
 //   - all-reduce efficiency against a plain C loop of MPI_Allreduce, bucketing, accumulation and overlap,
 //     in mpirun jobs of 2 and 4 ranks (the command starts itself as the ranks);

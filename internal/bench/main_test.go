@@ -38,7 +38,7 @@ func buildForTraining(t *testing.T) (context.Context, string, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	t.Cleanup(cancel)
 	dir := t.TempDir()
-	return ctx, buildWithMPI(ctx, t, dir, "./cmd/accelbench"), buildWithMPI(ctx, t, dir, "../examples/grad_accum")
+	return ctx, buildWithMPI(ctx, t, dir, "./cmd/accelbench"), buildWithMPI(ctx, t, dir, "../../examples/grad_accum")
 }
 
 // runQuick runs accelbench -quick with args and returns its standard output (benchstat lines), the report

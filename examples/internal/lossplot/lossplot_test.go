@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/lossplot"
+	"github.com/goaccel/goaccel/examples/internal/lossplot"
 )
 
 // noisyLoss is a decaying loss with deterministic noise.

@@ -225,7 +225,7 @@ func (r *reporter) transformer() {
 		"byte-level decoder-only transformer (%d blocks, d_model %d, %d heads, context %d) learns to predict the next "+
 		"byte of Go's standard-library source; AdamW (peak learning rate %g, weight decay %g, %d warm-up steps, cosine "+
 		"decay), gradient norm clipped to %g, %d windows per micro-batch per process, K = %d, %d optimizer steps, seed %d: `bin/charlm` "+
-		"(goaccel) against `bench/pytorch/charlm_ddp.py` (PyTorch DDP over gloo; one process trains without DDP). "+
+		"(goaccel) against `internal/bench/pytorch/charlm_ddp.py` (PyTorch DDP over gloo; one process trains without DDP). "+
 		"*Tokens/s* is predicted bytes of every process / training time, without loading the corpus and the "+
 		"validation; the validation loss is the mean cross-entropy in nats per byte over %d held-out windows. "+
 		"Medians over the runs.", p.Blocks, p.DModel, p.Heads, p.Context, p.LR, p.WeightDecay, p.Warmup, p.Clip, p.Batch, p.K, p.Steps,

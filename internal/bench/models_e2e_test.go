@@ -175,8 +175,8 @@ func TestQuickModels(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	exe := buildWithMPI(ctx, t, dir, "./cmd/accelbench")
-	charlm := buildWithMPI(ctx, t, dir, "../examples/charlm")
-	demo := buildWithMPI(ctx, t, dir, "../examples/grad_accum") // -tags mpi only: no BLAS
+	charlm := buildWithMPI(ctx, t, dir, "../../examples/charlm")
+	demo := buildWithMPI(ctx, t, dir, "../../examples/grad_accum") // -tags mpi only: no BLAS
 	// A small corpus keeps the runs short: one package of Go's own source.
 	corpus := filepath.Join(defaultCorpus(), "strings")
 	// The quick run checks the plumbing: this tree's demo stands in for the release's too.
