@@ -66,13 +66,15 @@ func Tile(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []float
 	tileGo(c, ldc, rows, offsets, b, ldb, width, accumulate)
 }
 
-// tileGo is Tile in Go: the reference, and what runs without AVX2 or for other widths.
+// tileGo is Tile in Go: the reference, and what runs without AVX2 or for other widths. Each product is
+// rounded before it is added (float32(…) keeps the compiler from fusing them, as it would for GOAMD64=v3 or
+// on arm64), so that the Go loop gives the same bits on every architecture and GOAMD64 level.
 func tileGo(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []float32, ldb, width int, accumulate bool) {
 	for i, row := range rows {
 		for j := range width {
 			var sum float32
 			for k, off := range offsets {
-				sum += at(row, off) * b[k*ldb+j]
+				sum += float32(at(row, off) * b[k*ldb+j])
 			}
 			if accumulate {
 				c[i*ldc+j] += sum
