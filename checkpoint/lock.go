@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,16 +42,33 @@ func (e *HeldError) Error() string {
 
 // Acquire creates root if needed and takes it for this job. It fails with a *HeldError when another job
 // holds root, and with an error naming root when root cannot hold checkpoints (a file, a symlink loop, no
-// permission to write): both are found when a job starts, not when it first saves. Release the lock when
+// permission to write): both are found when a job starts, not when it first saves. The lock file must be a
+// regular file: a symlink, directory or device in its place is refused, never followed or written to. Release the lock when
 // the job ends; the kernel releases it if the process dies first.
 func Acquire(root string) (*Lock, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", root, err)
 	}
 	path := filepath.Join(root, LockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err := checkLockPath(path); err != nil {
+		return nil, err
+	}
+	f, err := openLockFile(path)
 	if err != nil {
+		// A symlink or other file put in place since checkLockPath looked is named as it would have been.
+		if lerr := checkLockPath(path); lerr != nil {
+			return nil, lerr
+		}
 		return nil, fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", root, err)
+	}
+	// What was opened, not what the name pointed at a moment before, must be a regular file.
+	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
+		_ = f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", root, err)
+		}
+		return nil, fmt.Errorf("checkpoint: %s is %s; a checkpoint directory's lock must be a regular file", path,
+			describeMode(info.Mode()))
 	}
 	if err := lockExclusive(f); err != nil {
 		holder, _ := os.ReadFile(path)
@@ -63,7 +81,8 @@ func Acquire(root string) (*Lock, error) {
 	host, _ := os.Hostname()
 	holder := fmt.Sprintf("pid %d on %s, since %s", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 	// Writing the holder also proves the directory is writable.
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt([]byte(holder+"\n"), 0)
 	}
 	if err != nil {
@@ -71,6 +90,47 @@ func Acquire(root string) (*Lock, error) {
 		return nil, fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", root, err)
 	}
 	return &Lock{root: root, file: f}, nil
+}
+
+// checkLockPath refuses a lock path that exists and is not a regular file: a symlink planted there would
+// have the job truncate and write to the file it points at (whatever the holder may write), a directory or
+// a device cannot hold a lock.
+func checkLockPath(path string) error {
+	info, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && info.Mode().IsRegular() {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", filepath.Dir(path), err)
+	}
+	what := describeMode(info.Mode())
+	if info.Mode()&fs.ModeSymlink != 0 {
+		target, err := os.Readlink(path)
+		if err != nil {
+			target = "an unreadable target"
+		}
+		what = "a symlink to " + target
+	}
+	return fmt.Errorf("checkpoint: %s is %s; a checkpoint directory's lock must be a regular file", path, what)
+}
+
+// describeMode names a file's type: "a directory", "a named pipe", ...
+func describeMode(mode fs.FileMode) string {
+	switch {
+	case mode.IsDir():
+		return "a directory"
+	case mode&fs.ModeSymlink != 0:
+		return "a symlink"
+	case mode&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case mode&fs.ModeSocket != 0:
+		return "a socket"
+	case mode&fs.ModeCharDevice != 0:
+		return "a character device"
+	case mode&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a regular file"
 }
 
 // Root is the directory the lock holds.
