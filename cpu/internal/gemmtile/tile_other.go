@@ -1,8 +1,8 @@
-//go:build !amd64
+//go:build !amd64 || purego
 
 package gemmtile
 
-// Without assembly Tile runs tileGo.
+// Without assembly (other architectures, and builds with the purego tag) Tile runs tileGo.
 var accelerated, wide = false, false
 
 func tile6x16(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
