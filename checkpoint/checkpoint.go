@@ -234,14 +234,41 @@ func LatestIntact(root string) (path string, skipped []error, err error) {
 	return "", skipped, fmt.Errorf("checkpoint: no intact checkpoint in %s: %w", root, errors.Join(skipped...))
 }
 
-// Verify checks that dir holds every file its manifest lists, with the recorded checksum.
-func Verify(dir string) (Manifest, error) {
+// parseManifest reads a manifest as Write writes it, and refuses one Write could not have written: a
+// sequence below 1, a file path that is not a clean relative path inside the checkpoint ("../x", "/etc/x",
+// "a//b"), a checksum that is not 64 lowercase hex digits.
+func parseManifest(data []byte) (Manifest, error) {
 	var m Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return Manifest{}, err
+	}
+	if m.Sequence < 1 {
+		return Manifest{}, fmt.Errorf("sequence %d: must be at least 1", m.Sequence)
+	}
+	for rel, sum := range m.Files {
+		if !fs.ValidPath(rel) || rel == "." || !filepath.IsLocal(filepath.FromSlash(rel)) {
+			return Manifest{}, fmt.Errorf("file %q: not a path inside the checkpoint", rel)
+		}
+		if !isSHA256Hex(sum) {
+			return Manifest{}, fmt.Errorf("file %s: checksum %q is not a SHA-256 in lowercase hex", rel, sum)
+		}
+	}
+	return m, nil
+}
+
+func isSHA256Hex(s string) bool {
+	return len(s) == 2*sha256.Size && strings.Trim(s, "0123456789abcdef") == ""
+}
+
+// Verify checks that dir holds every file its manifest lists, with the recorded checksum. A manifest that
+// names a file outside dir is corrupt: Verify reads nothing outside the checkpoint.
+func Verify(dir string) (Manifest, error) {
 	data, err := os.ReadFile(filepath.Join(dir, ManifestFile))
 	if err != nil {
-		return m, fmt.Errorf("checkpoint: %s is incomplete (no readable %s): %w", dir, ManifestFile, err)
+		return Manifest{}, fmt.Errorf("checkpoint: %s is incomplete (no readable %s): %w", dir, ManifestFile, err)
 	}
-	if err := json.Unmarshal(data, &m); err != nil {
+	m, err := parseManifest(data)
+	if err != nil {
 		return m, fmt.Errorf("checkpoint: %s: corrupt %s: %w", dir, ManifestFile, err)
 	}
 	for rel, want := range m.Files {

@@ -1,6 +1,9 @@
 package checkpoint_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -20,6 +23,24 @@ func writeText(text string) checkpoint.Writer {
 		}
 		return checkpoint.WriteFile(filepath.Join(dir, "sub", "data.txt"), []byte(text))
 	}
+}
+
+// rewriteManifest changes the manifest of the checkpoint dir with edit.
+func rewriteManifest(dir string, edit func(*checkpoint.Manifest)) error {
+	path := filepath.Join(dir, checkpoint.ManifestFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var m checkpoint.Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return err
+	}
+	edit(&m)
+	if data, err = json.Marshal(m); err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
 }
 
 func TestWriteKeepsNewestAndVerifies(t *testing.T) {
@@ -89,6 +110,21 @@ func TestVerifyRefusesDamage(t *testing.T) {
 		{"corrupt manifest", func(dir string) error {
 			return os.WriteFile(filepath.Join(dir, checkpoint.ManifestFile), []byte("{"), 0o644)
 		}, "corrupt"},
+		{"manifest naming a file outside the checkpoint", func(dir string) error {
+			// The file is there and its checksum right: Verify must still not read it.
+			outside := []byte("not the checkpoint's")
+			if err := os.WriteFile(filepath.Join(dir, "..", "outside.txt"), outside, 0o644); err != nil {
+				return err
+			}
+			sum := sha256.Sum256(outside)
+			return rewriteManifest(dir, func(m *checkpoint.Manifest) { m.Files["../outside.txt"] = hex.EncodeToString(sum[:]) })
+		}, `corrupt MANIFEST.json: file "../outside.txt": not a path inside the checkpoint`},
+		{"manifest with a malformed checksum", func(dir string) error {
+			return rewriteManifest(dir, func(m *checkpoint.Manifest) { m.Files["sub/data.txt"] = "00" })
+		}, `corrupt MANIFEST.json: file sub/data.txt: checksum "00" is not a SHA-256 in lowercase hex`},
+		{"manifest without a sequence", func(dir string) error {
+			return rewriteManifest(dir, func(m *checkpoint.Manifest) { m.Sequence = 0 })
+		}, "corrupt MANIFEST.json: sequence 0: must be at least 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path, err := checkpoint.Write(t.TempDir(), 0, writeText("v"))
