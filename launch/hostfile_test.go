@@ -39,6 +39,7 @@ func TestParseHostfile(t *testing.T) {
 		{name: "binary in a comment", text: "a # \x00\n", wantErr: `line 1: not text ('\x00' at byte 5)`},
 		{name: "garbage words", text: "node1 slots=4\nthis is not a hostfile\n",
 			wantErr: `line 2: "is" after host this is not KEY=VALUE`},
+		{name: "a space that is not ASCII", text: "node1\u00a0slots=4\n", wantErr: `line 1: "node1\u00a0slots=4" is not a host name`},
 		{name: "a user name", text: "alice@node1\n", wantErr: `line 1: "alice@node1" is not a host name`},
 		{name: "slots not a number", text: "node1 slots=x\n", wantErr: `line 1: host node1: slots must be a whole number of at least 1, got "x"`},
 		{name: "no slots", text: "node1:0\n", wantErr: `got "0"`},

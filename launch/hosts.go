@@ -173,7 +173,8 @@ func parseHostfile(path string, r io.Reader) ([]Host, error) {
 			return nil, fail("not text (%s): a hostfile lists one host a line, NAME [slots=N]", what)
 		}
 		line, _, _ := strings.Cut(text, "#")
-		fields := strings.Fields(hostfileEquals.ReplaceAllString(line, "="))
+		// Split where mpirun's reader does, on ASCII blanks only: a word holding any other space is no host.
+		fields := strings.FieldsFunc(hostfileEquals.ReplaceAllString(line, "="), isHostfileBlank)
 		if len(fields) == 0 {
 			continue
 		}
@@ -223,6 +224,8 @@ func parseHostfile(path string, r io.Reader) ([]Host, error) {
 	}
 	return hosts, nil
 }
+
+func isHostfileBlank(r rune) bool { return r == ' ' || r == '\t' || r == '\r' }
 
 // notText describes the first thing in line that is not text, and where it is ("byte 0xff at byte 7", "'\x00'
 // at byte 1"): invalid UTF-8, or a control character other than tab and carriage return (a file with CRLF

@@ -238,19 +238,30 @@ func (p nodePattern) first() string {
 
 // expand appends the pattern's names to names.
 func (p nodePattern) expand(names []string) []string {
-	var walk func(g int, name string)
-	walk = func(g int, name string) {
-		if g == len(p.groups) {
-			names = append(names, name+p.parts[g])
-			return
-		}
-		for _, r := range p.groups[g] {
+	// numbers[g] are group g's numbers as names hold them, zero-padded.
+	numbers := make([][]string, len(p.groups))
+	for g, group := range p.groups {
+		for _, r := range group {
 			for n := r.lo; n <= r.hi; n++ {
-				walk(g+1, name+p.parts[g]+fmt.Sprintf("%0*d", r.width, n))
+				numbers[g] = append(numbers[g], fmt.Sprintf("%0*d", r.width, n))
 			}
 		}
 	}
-	walk(0, "")
+	var name []byte
+	var walk func(g int)
+	walk = func(g int) {
+		name = append(name, p.parts[g]...)
+		if g == len(p.groups) {
+			names = append(names, string(name))
+		} else {
+			prefix := len(name)
+			for _, number := range numbers[g] {
+				name = append(name[:prefix], number...)
+				walk(g + 1)
+			}
+		}
+	}
+	walk(0)
 	return names
 }
 
