@@ -7,6 +7,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 
+	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/floats"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
@@ -111,7 +112,7 @@ func (a *Accelerator) gather(t *tensors.Tensor) (*tensors.Tensor, error) {
 	}
 	var gatherErr error
 	err := t.ConstBytes(func(send []byte) {
-		gatherErr = out.MutableBytes(func(recv []byte) { gatherErr = a.comm.AllGather(send, recv) })
+		gatherErr = out.MutableBytes(func(recv []byte) { gatherErr = a.comm.AllGather(backends.BufferOf(send), backends.BufferOf(recv)) })
 	})
 	if err == nil {
 		err = gatherErr
@@ -212,7 +213,11 @@ func (a *Accelerator) Reduce(t *tensors.Tensor, op ReduceOp) (*tensors.Tensor, e
 	}
 	var reduceErr error
 	err = out.MutableFlatData(func(flat any) {
-		if reduceErr = a.comm.AllReduceSum(flat); reduceErr != nil || op != Mean {
+		var buf backends.Buffer
+		if buf, reduceErr = backends.Elements(flat); reduceErr != nil {
+			return
+		}
+		if reduceErr = a.comm.AllReduceSum(buf); reduceErr != nil || op != Mean {
 			return
 		}
 		n := float64(a.comm.Size())
@@ -257,7 +262,7 @@ func (a *Accelerator) Broadcast(t *tensors.Tensor, root int) error {
 		return nil
 	}
 	var bcastErr error
-	err := t.MutableBytes(func(data []byte) { bcastErr = a.comm.Broadcast(data, root) })
+	err := t.MutableBytes(func(data []byte) { bcastErr = a.comm.Broadcast(backends.BufferOf(data), root) })
 	if err == nil {
 		err = bcastErr
 	}

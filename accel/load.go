@@ -302,33 +302,33 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 	if len(p.Models) != len(a.models) {
 		return fmt.Errorf("holds %d model(s), this run prepared %d", len(p.Models), len(a.models))
 	}
-	cycle := accumulate.SavedCycle{WorldSize: s.WorldSize, Steps: s.AccumulationSteps, SyncEachBatch: s.SyncEachBatch,
-		Position: s.Gradient}
-	for _, sm := range s.Models {
-		cycle.Accumulating = cycle.Accumulating || sm.Accumulating
+	saved := make([]accumulate.SavedAccumulators, len(s.Models))
+	for i := range s.Models {
+		saved[i] = s.Models[i].SavedAccumulators
 	}
-	if err := a.state.CheckResume(cycle, a.WorldSize()); err != nil {
+	blobs := make([][]byte, len(p.Models))
+	for i := range p.Models {
+		blobs[i] = p.Models[i].Accumulators
+	}
+	reducers := make([]*accumulate.Reducer, len(a.models))
+	for i, m := range a.models {
+		reducers[i] = m.Reducer()
+	}
+	cycle, err := a.state.PlanResume(s.SavedCycle, saved, blobs, reducers, a.WorldSize())
+	if err != nil {
 		return err
 	}
-	plan.gradient = cycle.ResumePosition()
+	plan.gradient, plan.accums = cycle.Position, cycle.Reducers
 	for i, m := range a.models {
 		values, err := matchVariables(m, p.Models[i].Variables)
 		if err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
-		mine, err := m.Reducer().SavedState(p.Models[i].Accumulators, s.WorldSize, s.Models[i].Accumulating)
-		if err != nil {
-			return fmt.Errorf("model %d: %w", i, err)
-		}
-		if err := m.Reducer().CheckRestore(mine); err != nil {
-			return fmt.Errorf("model %d: %w", i, err)
-		}
 		plan.values = append(plan.values, values)
-		plan.accums = append(plan.accums, mine)
 	}
 	loaders := a.checkpointedLoaders()
 	for i, l := range loaders {
-		state, note, err := a.loaderState(s, i, l, cycle.AtStepBoundary())
+		state, note, err := a.loaderState(s, i, l, cycle.AtStepBoundary)
 		if err == nil {
 			err = l.CheckRestore(state)
 		}
@@ -381,11 +381,11 @@ func (a *Accelerator) loaderState(s savedState, i int, l *prepare.DataLoader, at
 			"boundary to resume with another batch size", accumulate.ErrInsideCycle, savedBatch, l.BatchSize())
 	}
 	var note string
-	saved, now := s.WorldSize*s.AccumulationSteps*savedBatch, a.WorldSize()*a.state.Steps()*l.BatchSize()
+	saved, now := s.WorldSize*s.Steps*savedBatch, a.WorldSize()*a.state.Steps()*l.BatchSize()
 	if saved != now {
 		note = fmt.Sprintf("the global batch changed: the checkpoint's run took %d examples per optimizer step (%s), "+
 			"this one takes %d (%s); the learning rate is not rescaled", saved,
-			globalBatch(s.WorldSize, s.AccumulationSteps, savedBatch), now,
+			globalBatch(s.WorldSize, s.Steps, savedBatch), now,
 			globalBatch(a.WorldSize(), a.state.Steps(), l.BatchSize()))
 	}
 	return prepare.LoaderState{Epoch: sl.Epoch, Consumed: sl.Consumed}, note, nil

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -404,7 +405,7 @@ func (a *Accelerator) meanOverRanks(step int64, metrics map[string]float64) (map
 	for i, name := range names {
 		sums[i] = metrics[name]
 	}
-	if err := a.comm.AllReduceSum(sums); err != nil {
+	if err := a.comm.AllReduceSum(backends.BufferOf(sums)); err != nil {
 		return nil, fmt.Errorf("accel: log step %d: averaging over ranks: %w", step, err)
 	}
 	mean := make(map[string]float64, len(names))

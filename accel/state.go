@@ -31,17 +31,16 @@ const (
 
 // savedState is what a checkpoint holds beside the variables.
 type savedState struct {
-	Format            int                 `json:"format"`
-	WorldSize         int                 `json:"world_size"`
-	AccumulationSteps int                 `json:"accumulation_steps"`
-	SyncEachBatch     bool                `json:"sync_each_batch"`
-	BucketCapMB       float64             `json:"bucket_cap_mb"`
-	Seed              uint64              `json:"seed"`
-	Backend           string              `json:"backend"`
-	Gradient          accumulate.Position `json:"gradient"`
-	Models            []savedModel        `json:"models"`
-	Optimizers        []savedOptimizer    `json:"optimizers"`
-	Loaders           []savedLoader       `json:"loaders"`
+	Format int `json:"format"`
+	// The accumulation cycle's part (world_size, accumulation_steps, sync_each_batch, gradient) is
+	// package accumulate's schema, as is each model's "accumulating".
+	accumulate.SavedCycle
+	BucketCapMB float64          `json:"bucket_cap_mb"`
+	Seed        uint64           `json:"seed"`
+	Backend     string           `json:"backend"`
+	Models      []savedModel     `json:"models"`
+	Optimizers  []savedOptimizer `json:"optimizers"`
+	Loaders     []savedLoader    `json:"loaders"`
 	// LogRecords is the number of records logged with Log before the checkpoint.
 	LogRecords int64 `json:"log_records,omitempty"`
 	// UserValues are the values registered with RegisterForCheckpointing (format 2).
@@ -58,8 +57,8 @@ type savedUserValue struct {
 type savedModel struct {
 	Dir  string   `json:"dir"`
 	Plan []string `json:"plan"`
-	// Accumulating says the accumulators hold a partial cycle (saved in accumulators.bin, every rank's).
-	Accumulating bool `json:"accumulating"`
+	// Whether the accumulators (accumulators.bin, every rank's) hold a partial cycle.
+	accumulate.SavedAccumulators
 }
 
 type savedOptimizer struct {
@@ -192,9 +191,9 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 
 // currentState is what state.json will hold, and each model's reducer state (this rank's accumulators).
 func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, error) {
-	s := savedState{Format: stateFormat, WorldSize: a.WorldSize(), AccumulationSteps: a.state.Steps(),
-		SyncEachBatch: a.state.SyncEachBatch(), BucketCapMB: a.cfg.bucketCapMB, Seed: a.cfg.seed,
-		Backend: a.compute.Name(), Gradient: a.state.Position()}
+	s := savedState{Format: stateFormat, SavedCycle: accumulate.SavedCycle{WorldSize: a.WorldSize(),
+		Steps: a.state.Steps(), SyncEachBatch: a.state.SyncEachBatch(), Position: a.state.Position()},
+		BucketCapMB: a.cfg.bucketCapMB, Seed: a.cfg.seed, Backend: a.compute.Name()}
 	if a.IsMainProcess() {
 		s.LogRecords = a.logRecords
 	}
@@ -213,7 +212,7 @@ func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, err
 		}
 		reducers = append(reducers, rs)
 		s.Models = append(s.Models, savedModel{Dir: fmt.Sprintf("model-%d", i), Plan: m.Plan().Signature(),
-			Accumulating: rs.Accumulating})
+			SavedAccumulators: rs.SavedAccumulators})
 	}
 	for _, o := range a.optimizers {
 		idx := -1
@@ -308,7 +307,7 @@ func recoverInto(err *error, what string) {
 // broadcastBytes sends root's (rank 0's) data of any length to every rank.
 func broadcastBytes(comm *backends.Communicator, data []byte) ([]byte, error) {
 	length := []int64{int64(len(data))}
-	if err := comm.Broadcast(length, 0); err != nil {
+	if err := comm.Broadcast(backends.BufferOf(length), 0); err != nil {
 		return nil, err
 	}
 	if comm.Rank() != 0 {
@@ -317,7 +316,7 @@ func broadcastBytes(comm *backends.Communicator, data []byte) ([]byte, error) {
 	if length[0] == 0 {
 		return data, nil
 	}
-	err := comm.Broadcast(data, 0)
+	err := comm.Broadcast(backends.BufferOf(data), 0)
 	return data, err
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
+
+	"github.com/goaccel/goaccel/backends"
 )
 
 // PadAcrossProcesses pads t along its first axis with value up to the largest first dimension any rank
@@ -91,7 +93,7 @@ func (a *Accelerator) pad(t *tensors.Tensor, value float64) (*tensors.Tensor, []
 	s := t.Shape()
 	size := a.comm.Size()
 	all := make([]int64, size)
-	if err := a.comm.AllGather([]int64{int64(s.Dimensions[0])}, all); err != nil {
+	if err := a.comm.AllGather(backends.BufferOf([]int64{int64(s.Dimensions[0])}), backends.BufferOf(all)); err != nil {
 		return nil, nil, fmt.Errorf("exchanging first dimensions: %w", err)
 	}
 	rows := make([]int, size)

@@ -19,17 +19,17 @@ func ExampleReducer_EachAccumulator() {
 	bucket := context.New().VariableWithValue("bucket_000", []float32{3, 4, 0})
 	reducer := accumulate.NewReducer(backends.NewSingle(), plan, accumulate.WithAccumulators([]*context.Variable{bucket}))
 	var sumSquares float32
-	_ = reducer.EachAccumulator(func(flat any) {
-		for _, g := range flat.([]float32) {
+	noFloat64 := func([]float64) {} // this model has float32 parameters only
+	_ = reducer.EachAccumulator(func(values []float32) {
+		for _, g := range values {
 			sumSquares += g * g
 		}
-	})
-	_ = reducer.EachAccumulator(func(flat any) {
-		values := flat.([]float32)
+	}, noFloat64)
+	_ = reducer.EachAccumulator(func(values []float32) {
 		for i := range values {
 			values[i] /= 2
 		}
-	})
+	}, noFloat64)
 	value, _ := bucket.Value()
 	fmt.Println(sumSquares, tensors.MustCopyFlatData[float32](value))
 	// Output: 25 [1.5 2 0]

@@ -77,9 +77,9 @@ func ExampleGradientState() {
 // last batch still ends the accumulation cycle.
 func ExampleGradientState_EnterLoader() {
 	state, _ := accumulate.NewGradientState(2, false)
-	exitTrain := state.EnterLoader("train", 0)
+	exitTrain := state.EnterLoader(loop{"train", 3}, 0)
 	state.SetEndOfDataloader(true) // the training loader yields its last batch
-	exitEval := state.EnterLoader("eval", 0)
+	exitEval := state.EnterLoader(loop{"eval", 1}, 0)
 	fmt.Println("in the evaluation loop:", state.ActiveLoader(), state.EndOfDataloader())
 	exitEval()
 	fmt.Println("back in training:", state.ActiveLoader(), state.EndOfDataloader())
@@ -297,3 +297,12 @@ func ExampleReducer_SavedState() {
 	// 8 bytes false <nil>
 	// true
 }
+
+// loop is a loader of a program's own: a name and its batches per epoch.
+type loop struct {
+	name    string
+	batches int
+}
+
+func (l loop) Len() int       { return l.batches }
+func (l loop) String() string { return l.name }

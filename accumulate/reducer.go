@@ -183,7 +183,7 @@ func (r *Reducer) NonFiniteRanks() ([]int, error) {
 	all := make([]int64, r.comm.Size())
 	if r.comm.Size() == 1 {
 		all[0] = mine[0]
-	} else if err := r.comm.AllGather(mine, all); err != nil {
+	} else if err := r.comm.AllGather(backends.BufferOf(mine), backends.BufferOf(all)); err != nil {
 		return nil, fmt.Errorf("accumulate: finding the ranks with a non-finite loss: %w", err)
 	}
 	var ranks []int
@@ -389,8 +389,14 @@ func poisonFirst[F floats.Float](x []F) bool {
 type ReducerState struct {
 	// Accumulators are the raw bytes of each bucket's accumulator on this rank.
 	Accumulators [][]byte
+	SavedAccumulators
+}
+
+// SavedAccumulators is what a checkpoint's state.json records of a model's accumulators, beside the file
+// that holds every rank's partial sums.
+type SavedAccumulators struct {
 	// Accumulating says the accumulators hold micro-batches of an unfinished cycle.
-	Accumulating bool
+	Accumulating bool `json:"accumulating"`
 }
 
 // ErrSyncedNotApplied is State's error when the accumulators hold synchronised gradients that the
@@ -405,7 +411,7 @@ func (r *Reducer) State() (ReducerState, error) {
 	if r.synced {
 		return ReducerState{}, ErrSyncedNotApplied
 	}
-	s := ReducerState{Accumulating: r.state.MicroBatchesSinceSync() > 0}
+	s := ReducerState{SavedAccumulators: SavedAccumulators{Accumulating: r.state.MicroBatchesSinceSync() > 0}}
 	for _, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
@@ -474,7 +480,7 @@ func (r *Reducer) GatherState(s ReducerState) ([]byte, error) {
 		all := make([]byte, len(data)*size)
 		if size == 1 {
 			copy(all, data)
-		} else if err := r.comm.AllGather(data, all); err != nil {
+		} else if err := r.comm.AllGather(backends.BufferOf(data), backends.BufferOf(all)); err != nil {
 			return nil, fmt.Errorf("accumulate: gathering accumulator %q: %w", r.accumulators[b].ScopeAndName(), err)
 		}
 		if r.comm.Rank() == 0 {
@@ -512,7 +518,7 @@ func (r *Reducer) SavedState(blob []byte, savedRanks int, accumulating bool) (Re
 			"run has %d; save at an optimizer-step boundary to resume on another number of processes",
 			ErrInsideCycle, savedRanks, size)
 	}
-	mine := ReducerState{Accumulating: accumulating}
+	mine := ReducerState{SavedAccumulators: SavedAccumulators{Accumulating: accumulating}}
 	offset := 0
 	for _, n := range sizes {
 		if savedRanks == size {

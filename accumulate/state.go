@@ -72,8 +72,15 @@ func (s *GradientState) reduceThisStep() bool {
 }
 
 // loaderFrame is one data loader being iterated.
+// Loader is a data loader as the gradient state knows it while it is iterated (EnterLoader): prepare's
+// DataLoader, or a loop's own.
+type Loader interface {
+	// Len is the number of batches the loader yields per epoch on this process.
+	Len() int
+}
+
 type loaderFrame struct {
-	owner     any
+	owner     Loader
 	end       bool
 	remainder int
 }
@@ -82,7 +89,7 @@ type loaderFrame struct {
 // while it is the innermost. The returned function ends that iteration; loaders call it when their loop
 // ends, broken out of or not. Loaders nest: the innermost one decides EndOfDataloader, and leaving it gives
 // the decision back to the one outside it.
-func (s *GradientState) EnterLoader(owner any, remainder int) (exit func()) {
+func (s *GradientState) EnterLoader(owner Loader, remainder int) (exit func()) {
 	frame := &loaderFrame{owner: owner, remainder: remainder}
 	s.loaders = append(s.loaders, frame)
 	return func() {
@@ -114,7 +121,7 @@ func (s *GradientState) EndOfDataloader() bool {
 }
 
 // ActiveLoader is the innermost data loader being iterated, or nil.
-func (s *GradientState) ActiveLoader() any {
+func (s *GradientState) ActiveLoader() Loader {
 	if n := len(s.loaders); n > 0 {
 		return s.loaders[n-1].owner
 	}
@@ -234,14 +241,16 @@ func (s *GradientState) CheckPosition(p Position) error {
 }
 
 // SavedCycle is what a checkpoint records of the gradient state: the run's settings and where in an
-// accumulation cycle it was taken.
+// accumulation cycle it was taken. The JSON names are those of a checkpoint's state.json, which embeds it;
+// whether each model's accumulators held a partial cycle is recorded beside its accumulators
+// (SavedAccumulators), and Accumulating sums that up.
 type SavedCycle struct {
-	WorldSize     int
-	Steps         int // K
-	SyncEachBatch bool
-	Position      Position
+	WorldSize     int      `json:"world_size"`
+	Steps         int      `json:"accumulation_steps"` // K
+	SyncEachBatch bool     `json:"sync_each_batch"`
+	Position      Position `json:"gradient"`
 	// Accumulating says that some model's accumulators held micro-batches of an unfinished cycle.
-	Accumulating bool
+	Accumulating bool `json:"-"`
 }
 
 // AtStepBoundary reports whether the checkpoint was taken between optimizer steps: no micro-batch was
@@ -285,4 +294,44 @@ func (c SavedCycle) ResumePosition() Position {
 		return Position{}
 	}
 	return c.Position
+}
+
+// ResumePlan is what a checkpoint's accumulation cycle restores, once PlanResume accepted it.
+type ResumePlan struct {
+	// Position is the gradient state's position to restore (see SavedCycle.ResumePosition).
+	Position Position
+	// AtStepBoundary: the checkpoint was taken between optimizer steps (see SavedCycle.AtStepBoundary).
+	AtStepBoundary bool
+	// Reducers are this rank's reducer states, model by model, for Reducer.Restore.
+	Reducers []ReducerState
+}
+
+// PlanResume checks a checkpoint's accumulation cycle against this run — the settings, the position, and
+// every model's saved accumulators (GatherState's layout) with what its reducer needs — and returns what
+// to restore. It changes nothing: the one validation of the cycle's part of a checkpoint.
+func (s *GradientState) PlanResume(c SavedCycle, saved []SavedAccumulators, blobs [][]byte, reducers []*Reducer,
+	worldSize int) (ResumePlan, error) {
+	if len(saved) != len(reducers) || len(blobs) != len(reducers) {
+		return ResumePlan{}, fmt.Errorf("accumulate: the checkpoint records %d model(s) and %d accumulator "+
+			"file(s), this run has %d", len(saved), len(blobs), len(reducers))
+	}
+	c.Accumulating = false
+	for _, m := range saved {
+		c.Accumulating = c.Accumulating || m.Accumulating
+	}
+	if err := s.CheckResume(c, worldSize); err != nil {
+		return ResumePlan{}, err
+	}
+	plan := ResumePlan{Position: c.ResumePosition(), AtStepBoundary: c.AtStepBoundary()}
+	for i, r := range reducers {
+		mine, err := r.SavedState(blobs[i], c.WorldSize, saved[i].Accumulating)
+		if err == nil {
+			err = r.CheckRestore(mine)
+		}
+		if err != nil {
+			return ResumePlan{}, fmt.Errorf("model %d: %w", i, err)
+		}
+		plan.Reducers = append(plan.Reducers, mine)
+	}
+	return plan, nil
 }

@@ -394,7 +394,7 @@ func TestPositionRestore(t *testing.T) {
 // training loader's last micro-batch still syncs (K=2 over 3 batches: .SS).
 func TestNestedLoaders(t *testing.T) {
 	s := newState(t, 2, false)
-	outer, inner := "train", "eval"
+	outer, inner := namedLoader{"train", 3}, namedLoader{"eval", 1}
 	assert.Nil(t, s.ActiveLoader())
 	assert.Equal(t, -1, s.Remainder())
 	exitOuter := s.EnterLoader(outer, 1)
@@ -437,3 +437,12 @@ func TestPositionInsideTheSyncingCall(t *testing.T) {
 	assert.Equal(t, []int{1, 0}, positions)
 	require.NoError(t, newState(t, 2, false).CheckPosition(s.Position()))
 }
+
+// namedLoader is a loader of n batches known by its name.
+type namedLoader struct {
+	name string
+	n    int
+}
+
+func (l namedLoader) Len() int       { return l.n }
+func (l namedLoader) String() string { return l.name }

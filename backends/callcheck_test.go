@@ -20,30 +20,30 @@ var mismatchCases = []struct {
 	want        []string
 }{
 	{"broadcast against all-gather",
-		func(c *backends.Communicator) error { return c.Broadcast(make([]float32, 4), 0) },
+		func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]float32, 4)), 0) },
 		func(c *backends.Communicator) error {
-			return c.AllGather(make([]float32, 4), make([]float32, 4*c.Size()))
+			return c.AllGather(backends.BufferOf(make([]float32, 4)), backends.BufferOf(make([]float32, 4*c.Size())))
 		},
 		[]string{"broadcast of float32[4] from root 0", "all-gather of float32[4]"}},
 	{"all-reduce against broadcast",
-		func(c *backends.Communicator) error { return c.AllReduceSum(make([]float64, 4)) },
-		func(c *backends.Communicator) error { return c.Broadcast(make([]float64, 4), 0) },
+		func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float64, 4))) },
+		func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]float64, 4)), 0) },
 		[]string{"all-reduce of float64[4]", "broadcast of float64[4] from root 0"}},
 	{"all-reduce lengths",
-		func(c *backends.Communicator) error { return c.AllReduceSum(make([]float32, 4)) },
-		func(c *backends.Communicator) error { return c.AllReduceSum(make([]float32, 8)) },
+		func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float32, 4))) },
+		func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float32, 8))) },
 		[]string{"all-reduce of float32[4]", "all-reduce of float32[8]"}},
 	{"all-reduce element types",
-		func(c *backends.Communicator) error { return c.AllReduceSum(make([]float32, 4)) },
-		func(c *backends.Communicator) error { return c.AllReduceSum(make([]int32, 4)) },
+		func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float32, 4))) },
+		func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]int32, 4))) },
 		[]string{"all-reduce of float32[4]", "all-reduce of int32[4]"}},
 	{"broadcast roots",
-		func(c *backends.Communicator) error { return c.Broadcast(make([]byte, 4), 0) },
-		func(c *backends.Communicator) error { return c.Broadcast(make([]byte, 4), 1) },
+		func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]byte, 4)), 0) },
+		func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]byte, 4)), 1) },
 		[]string{"from root 0", "from root 1"}},
 	{"barrier against all-reduce",
 		func(c *backends.Communicator) error { return c.Barrier() },
-		func(c *backends.Communicator) error { return c.AllReduceSum(make([]int64, 2)) },
+		func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]int64, 2))) },
 		[]string{"barrier", "all-reduce of int64[2]"}},
 }
 
@@ -94,7 +94,7 @@ func TestCallChecksPassMatchingCollectives(t *testing.T) {
 	for r := range 3 {
 		wg.Go(func() {
 			sums[r] = []float64{float64(r), 1}
-			if errs[r] = comms[r].AllReduceSum(sums[r]); errs[r] != nil {
+			if errs[r] = comms[r].AllReduceSum(backends.BufferOf(sums[r])); errs[r] != nil {
 				return
 			}
 			for _, coll := range collectives {

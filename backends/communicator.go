@@ -431,11 +431,10 @@ func (c *Communicator) wait(p *Pending) error {
 	}
 }
 
-// AllReduceSumAsync starts an in-place sum of buf across ranks. buf is a slice of one of the element types
-// Elements accepts, or a Buffer; it must not be touched until Wait returns.
-func (c *Communicator) AllReduceSumAsync(buf any) (*Pending, error) {
-	b, err := Elements(buf)
-	if err != nil {
+// AllReduceSumAsync starts an in-place sum of b across ranks (BufferOf(slice) makes b of a slice); its
+// memory must not be touched until Wait returns.
+func (c *Communicator) AllReduceSumAsync(b Buffer) (*Pending, error) {
+	if err := b.check(); err != nil {
 		return nil, err
 	}
 	if err := c.checkCall(OpAllReduce, b, -1); err != nil {
@@ -445,8 +444,8 @@ func (c *Communicator) AllReduceSumAsync(buf any) (*Pending, error) {
 }
 
 // AllReduceSum sums buf in place across ranks.
-func (c *Communicator) AllReduceSum(buf any) error {
-	p, err := c.AllReduceSumAsync(buf)
+func (c *Communicator) AllReduceSum(b Buffer) error {
+	p, err := c.AllReduceSumAsync(b)
 	if err != nil {
 		return err
 	}
@@ -456,7 +455,7 @@ func (c *Communicator) AllReduceSum(buf any) error {
 // ReduceScatterSumAsync starts an element-wise sum of every rank's send that leaves this rank's block of it
 // in recv: send is Size() blocks of len(recv) elements, and rank r receives the sum of block r. Neither
 // buffer may be touched until Wait returns.
-func (c *Communicator) ReduceScatterSumAsync(send, recv any) (*Pending, error) {
+func (c *Communicator) ReduceScatterSumAsync(send, recv Buffer) (*Pending, error) {
 	s, r, err := c.blocks("reduce-scatter", recv, send)
 	if err != nil {
 		return nil, err
@@ -468,7 +467,7 @@ func (c *Communicator) ReduceScatterSumAsync(send, recv any) (*Pending, error) {
 }
 
 // ReduceScatterSum is ReduceScatterSumAsync and Wait.
-func (c *Communicator) ReduceScatterSum(send, recv any) error {
+func (c *Communicator) ReduceScatterSum(send, recv Buffer) error {
 	p, err := c.ReduceScatterSumAsync(send, recv)
 	if err != nil {
 		return err
@@ -477,11 +476,11 @@ func (c *Communicator) ReduceScatterSum(send, recv any) error {
 }
 
 // blocks classifies a buffer of one block and one of Size() blocks, and checks that they match.
-func (c *Communicator) blocks(what string, blockBuf, wholeBuf any) (whole, block Buffer, err error) {
-	if block, err = Elements(blockBuf); err != nil {
+func (c *Communicator) blocks(what string, block, whole Buffer) (Buffer, Buffer, error) {
+	if err := block.check(); err != nil {
 		return whole, block, err
 	}
-	if whole, err = Elements(wholeBuf); err != nil {
+	if err := whole.check(); err != nil {
 		return whole, block, err
 	}
 	if block.Kind != whole.Kind || whole.Len != block.Len*c.Size() {
@@ -493,9 +492,8 @@ func (c *Communicator) blocks(what string, blockBuf, wholeBuf any) (whole, block
 }
 
 // Broadcast copies root's buf into every rank's buf.
-func (c *Communicator) Broadcast(buf any, root int) error {
-	b, err := Elements(buf)
-	if err != nil {
+func (c *Communicator) Broadcast(b Buffer, root int) error {
+	if err := b.check(); err != nil {
 		return err
 	}
 	if root < 0 || root >= c.Size() {
@@ -513,7 +511,7 @@ func (c *Communicator) Broadcast(buf any, root int) error {
 
 // AllGatherAsync starts gathering every rank's send into recv, ordered by rank. len(recv) must be
 // Size()*len(send). Neither buffer may be touched until Wait returns.
-func (c *Communicator) AllGatherAsync(send, recv any) (*Pending, error) {
+func (c *Communicator) AllGatherAsync(send, recv Buffer) (*Pending, error) {
 	r, s, err := c.blocks("all-gather", send, recv)
 	if err != nil {
 		return nil, err
@@ -525,7 +523,7 @@ func (c *Communicator) AllGatherAsync(send, recv any) (*Pending, error) {
 }
 
 // AllGather gathers every rank's send into recv, ordered by rank. len(recv) must be Size()*len(send).
-func (c *Communicator) AllGather(send, recv any) error {
+func (c *Communicator) AllGather(send, recv Buffer) error {
 	p, err := c.AllGatherAsync(send, recv)
 	if err != nil {
 		return err

@@ -19,10 +19,10 @@ type collective struct {
 }
 
 var collectives = []collective{
-	{backends.OpAllReduce, func(c *backends.Communicator) error { return c.AllReduceSum(make([]float32, 16)) }},
-	{backends.OpBroadcast, func(c *backends.Communicator) error { return c.Broadcast(make([]int64, 4), 0) }},
+	{backends.OpAllReduce, func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float32, 16))) }},
+	{backends.OpBroadcast, func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]int64, 4)), 0) }},
 	{backends.OpAllGather, func(c *backends.Communicator) error {
-		return c.AllGather(make([]byte, 3), make([]byte, 3*c.Size()))
+		return c.AllGather(backends.BufferOf(make([]byte, 3)), backends.BufferOf(make([]byte, 3*c.Size())))
 	}},
 	{backends.OpBarrier, func(c *backends.Communicator) error { return c.Barrier() }},
 }
@@ -71,7 +71,7 @@ func TestAbortUnblocksTheOtherRanks(t *testing.T) {
 	for rank := range 2 {
 		wg.Go(func() {
 			start := time.Now()
-			errs[rank] = comms[rank].AllReduceSum(make([]float64, 8))
+			errs[rank] = comms[rank].AllReduceSum(backends.BufferOf(make([]float64, 8)))
 			elapsed[rank] = time.Since(start)
 		})
 	}
@@ -101,7 +101,7 @@ func TestClosingABrokenCommunicatorAbortsTheGroup(t *testing.T) {
 			done <- err
 			return
 		}
-		done <- comms[1].AllReduceSum(make([]int32, 2))
+		done <- comms[1].AllReduceSum(backends.BufferOf(make([]int32, 2)))
 	}()
 	require.Eventually(t, func() bool { return comms[1].Stats().Calls() == 2 }, 5*time.Second, time.Millisecond)
 	closeErr := comms[0].Close()
@@ -125,32 +125,32 @@ func TestMismatchedCollectivesAreReported(t *testing.T) {
 		{
 			name: "different operations",
 			calls: [2]func(c *backends.Communicator) error{
-				func(c *backends.Communicator) error { return c.AllReduceSum(make([]float32, 4)) },
-				func(c *backends.Communicator) error { return c.Broadcast(make([]float32, 4), 0) },
+				func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float32, 4))) },
+				func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]float32, 4)), 0) },
 			},
 			wantErr: "collective #0: rank 1 called broadcast (root 0) while another rank called all-reduce (root 0)",
 		},
 		{
 			name: "different broadcast roots",
 			calls: [2]func(c *backends.Communicator) error{
-				func(c *backends.Communicator) error { return c.Broadcast(make([]byte, 4), 0) },
-				func(c *backends.Communicator) error { return c.Broadcast(make([]byte, 4), 1) },
+				func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]byte, 4)), 0) },
+				func(c *backends.Communicator) error { return c.Broadcast(backends.BufferOf(make([]byte, 4)), 1) },
 			},
 			wantErr: "rank 1 called broadcast (root 1) while another rank called broadcast (root 0)",
 		},
 		{
 			name: "different lengths",
 			calls: [2]func(c *backends.Communicator) error{
-				func(c *backends.Communicator) error { return c.AllReduceSum(make([]float64, 4)) },
-				func(c *backends.Communicator) error { return c.AllReduceSum(make([]float64, 5)) },
+				func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float64, 4))) },
+				func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float64, 5))) },
 			},
 			wantErr: "mismatched collective buffers",
 		},
 		{
 			name: "different element kinds",
 			calls: [2]func(c *backends.Communicator) error{
-				func(c *backends.Communicator) error { return c.AllReduceSum(make([]float32, 4)) },
-				func(c *backends.Communicator) error { return c.AllReduceSum(make([]int32, 4)) },
+				func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]float32, 4))) },
+				func(c *backends.Communicator) error { return c.AllReduceSum(backends.BufferOf(make([]int32, 4))) },
 			},
 			wantErr: "mismatched collective buffers",
 		},
@@ -252,8 +252,8 @@ func TestStatsArithmetic(t *testing.T) {
 	require.NoError(t, err)
 	c := comms[0]
 	before := c.Stats()
-	require.NoError(t, c.AllReduceSum(make([]float64, 10)))
-	require.NoError(t, c.Broadcast(make([]int32, 3), 0))
+	require.NoError(t, c.AllReduceSum(backends.BufferOf(make([]float64, 10))))
+	require.NoError(t, c.Broadcast(backends.BufferOf(make([]int32, 3)), 0))
 	require.NoError(t, c.Barrier())
 	d := c.Stats().Sub(before)
 	assert.Equal(t, int64(3), d.Calls())
@@ -273,7 +273,7 @@ func TestPendingWaitFromSeveralGoroutines(t *testing.T) {
 	bufs := [][]float64{{1, 2}, {10, 20}}
 	pendings := make([]*backends.Pending, 2)
 	for r := range 2 {
-		pendings[r], err = comms[r].AllReduceSumAsync(bufs[r])
+		pendings[r], err = comms[r].AllReduceSumAsync(backends.BufferOf(bufs[r]))
 		require.NoError(t, err)
 	}
 	const waiters = 4

@@ -161,11 +161,6 @@ type Buffer struct {
 	Ptr   unsafe.Pointer
 }
 
-// BufferInfo is the former name of [Buffer].
-//
-// Deprecated: use Buffer.
-type BufferInfo = Buffer
-
 // Element is the set of Go element types collectives accept.
 type Element interface {
 	float32 | float64 | int32 | int64 | uint8 | bfloat16.BFloat16 | float16.Float16
@@ -247,15 +242,20 @@ func (k ElementKind) Size() int {
 	return 1
 }
 
-// Elements classifies buf, which must be a []float32, []float64, []int32, []int64, []byte,
-// []bfloat16.BFloat16 or []float16.Float16, or a Buffer (returned as it is).
-func Elements(buf any) (Buffer, error) {
-	switch b := buf.(type) {
-	case Buffer:
-		if b.Kind < Float32 || b.Kind > Float16 || b.Len < 0 || b.Bytes != b.Len*b.Kind.Size() || (b.Len > 0) != (b.Ptr != nil) {
-			return Buffer{}, fmt.Errorf("backends: malformed buffer %+v", b)
-		}
-		return b, nil
+// check refuses a Buffer that BufferOf (or Slice) cannot have made: a collective would read or write
+// memory outside it.
+func (b Buffer) check() error {
+	if b.Kind < Float32 || b.Kind > Float16 || b.Len < 0 || b.Bytes != b.Len*b.Kind.Size() || (b.Len > 0) != (b.Ptr != nil) {
+		return fmt.Errorf("backends: malformed buffer %+v", b)
+	}
+	return nil
+}
+
+// Elements classifies the flat data of a tensor (GoMLX's FlatData), which must be a []float32, []float64,
+// []int32, []int64, []byte, []bfloat16.BFloat16 or []float16.Float16. Code that holds a typed slice uses
+// BufferOf.
+func Elements(flat any) (Buffer, error) {
+	switch b := flat.(type) {
 	case []float32:
 		return BufferOf(b), nil
 	case []float64:
@@ -272,7 +272,7 @@ func Elements(buf any) (Buffer, error) {
 		return BufferOf(b), nil
 	default:
 		return Buffer{}, fmt.Errorf("backends: collective buffers must be []float32, []float64, []int32, "+
-			"[]int64, []byte, []bfloat16.BFloat16 or []float16.Float16, got %T", buf)
+			"[]int64, []byte, []bfloat16.BFloat16 or []float16.Float16, got %T", flat)
 	}
 }
 

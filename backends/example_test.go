@@ -21,7 +21,7 @@ func ExampleNewInProcessGroup() {
 	for rank, comm := range comms {
 		wg.Go(func() {
 			buf := []float32{float32(rank), 1}
-			pending, err := comm.AllReduceSumAsync(buf)
+			pending, err := comm.AllReduceSumAsync(backends.BufferOf(buf))
 			if err == nil {
 				err = pending.Wait()
 			}
@@ -57,7 +57,7 @@ func ExampleOpen() {
 	}
 	defer comm.Close()
 	buf := []float64{1.5}
-	fmt.Println(comm.Name(), comm.Size(), comm.AllReduceSum(buf), buf)
+	fmt.Println(comm.Name(), comm.Size(), comm.AllReduceSum(backends.BufferOf(buf)), buf)
 	_, err = backends.Open("mpi", backends.Topology{WorldSize: 2, LocalSize: 2, Nodes: 1})
 	fmt.Println(err != nil)
 	// Output:
@@ -81,10 +81,10 @@ func ExampleCommunicator_ReduceScatterSum() {
 			bucket := []float64{1, 2, 3, 4, 5, 6}
 			shards[rank] = make([]float64, 2)
 			whole[rank] = make([]float64, 6)
-			err := comm.ReduceScatterSum(bucket, shards[rank])
+			err := comm.ReduceScatterSum(backends.BufferOf(bucket), backends.BufferOf(shards[rank]))
 			if err == nil {
 				var p *backends.Pending
-				if p, err = comm.AllGatherAsync(shards[rank], whole[rank]); err == nil {
+				if p, err = comm.AllGatherAsync(backends.BufferOf(shards[rank]), backends.BufferOf(whole[rank])); err == nil {
 					err = p.Wait()
 				}
 			}
@@ -126,7 +126,7 @@ func ExampleBFloat16() {
 	var wg sync.WaitGroup
 	for rank, comm := range comms {
 		wg.Go(func() {
-			if err := comm.AllReduceSum(bufs[rank]); err != nil {
+			if err := comm.AllReduceSum(backends.BufferOf(bufs[rank])); err != nil {
 				fmt.Println(err)
 			}
 		})

@@ -81,7 +81,7 @@ func TestSpinningWaitsPassThroughTheScheduler(t *testing.T) {
 			waits := 0
 			start := time.Now()
 			for time.Since(start) < span {
-				require.NoError(t, c.AllReduceSum(make([]float32, 4)))
+				require.NoError(t, c.AllReduceSum(BufferOf(make([]float32, 4))))
 				waits++
 			}
 			elapsed := time.Since(start)

@@ -180,7 +180,7 @@ func CheckRank(comm *backends.Communicator, info CheckInfo, out io.Writer) error
 	send := make([]uint8, identitySize)
 	copy(send, record)
 	all := make([]uint8, identitySize*comm.Size())
-	if err := comm.AllGather(send, all); err != nil {
+	if err := comm.AllGather(backends.BufferOf(send), backends.BufferOf(all)); err != nil {
 		return fmt.Errorf("launch: check: exchanging the processes' hosts and builds: %w", err)
 	}
 	report := CheckReport{Ranks: make([]RankCheck, comm.Size())}
@@ -233,7 +233,7 @@ func timeAllReduce(comm *backends.Communicator, size CheckSize) (AllReduceCheck,
 			return AllReduceCheck{}, fmt.Errorf("launch: check: %w", err)
 		}
 		start := time.Now()
-		if err := comm.AllReduceSum(buf); err != nil {
+		if err := comm.AllReduceSum(backends.BufferOf(buf)); err != nil {
 			return AllReduceCheck{}, fmt.Errorf("launch: check: all-reduce of %s: %w", byteSize(size.Bytes), err)
 		}
 		if run >= 0 {
@@ -247,7 +247,7 @@ func timeAllReduce(comm *backends.Communicator, size CheckSize) (AllReduceCheck,
 		}
 	}
 	all := make([]float64, n*size.Runs)
-	if err := comm.AllGather(mine, all); err != nil {
+	if err := comm.AllGather(backends.BufferOf(mine), backends.BufferOf(all)); err != nil {
 		return AllReduceCheck{}, fmt.Errorf("launch: check: %w", err)
 	}
 	slowest := make([]float64, size.Runs)

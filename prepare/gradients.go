@@ -59,15 +59,13 @@ func (m *Model) ClipGradNorm(maxNorm float64) (norm float64, err error) {
 		return 0, nil
 	}
 	var sumSquares float64
-	err = m.eachBucket(func(flat any) {
-		floats.Do(flat, addSquares[float32](&sumSquares), addSquares[float64](&sumSquares))
-	})
+	err = m.eachBucket(discard(addSquares[float32](&sumSquares)), discard(addSquares[float64](&sumSquares)))
 	if err != nil {
 		return 0, err
 	}
 	norm = math.Sqrt(sumSquares) * m.reducer.Scale()
 	if factor := maxNorm / (norm + 1e-6); factor < 1 {
-		err = m.eachBucket(func(flat any) { floats.Scale(flat, factor) })
+		err = m.eachBucket(func(f []float32) { floats.Scale(f, factor) }, func(f []float64) { floats.Scale(f, factor) })
 	}
 	return norm, err
 }
@@ -85,16 +83,14 @@ func (m *Model) ClipGradValue(clip float64) error {
 	// The accumulators hold the sum the optimizer scales by the reducer's scale: clamp the sum to
 	// clip/scale.
 	limit := clip / m.reducer.Scale()
-	return m.eachBucket(func(flat any) {
-		floats.Do(flat, clamp[float32](limit), clamp[float64](limit))
-	})
+	return m.eachBucket(discard(clamp[float32](limit)), discard(clamp[float64](limit)))
 }
 
 // eachBucket runs fn on every accumulator's flat values, which fn may change, in place (see
 // accumulate.Reducer.EachAccumulator): clipping reads and scales the synced sums where the optimizer's update
 // reads them.
-func (m *Model) eachBucket(fn func(flat any)) error {
-	if err := m.reducer.EachAccumulator(fn); err != nil {
+func (m *Model) eachBucket(f32 func([]float32), f64 func([]float64)) error {
+	if err := m.reducer.EachAccumulator(f32, f64); err != nil {
 		return fmt.Errorf("prepare: %w", err)
 	}
 	return nil
@@ -134,3 +130,6 @@ func clamp[F floats.Float](limit float64) func([]F) bool {
 		return true
 	}
 }
+
+// discard adapts a floats.Do-style function (whose result says it ran) to EachAccumulator's.
+func discard[F floats.Float](fn func([]F) bool) func([]F) { return func(x []F) { fn(x) } }

@@ -32,12 +32,14 @@ func TestCallChecksAcrossProcesses(t *testing.T) {
 			var rep report
 			for _, calls := range [][2]func() error{
 				{
-					func() error { return comm.Broadcast(make([]float32, 4), 0) },
-					func() error { return comm.AllGather(make([]float32, 4), make([]float32, 4*comm.Size())) },
+					func() error { return comm.Broadcast(backends.BufferOf(make([]float32, 4)), 0) },
+					func() error {
+						return comm.AllGather(backends.BufferOf(make([]float32, 4)), backends.BufferOf(make([]float32, 4*comm.Size())))
+					},
 				},
 				{
-					func() error { return comm.AllReduceSum(make([]float32, 4)) },
-					func() error { return comm.AllReduceSum(make([]float32, 8)) },
+					func() error { return comm.AllReduceSum(backends.BufferOf(make([]float32, 4))) },
+					func() error { return comm.AllReduceSum(backends.BufferOf(make([]float32, 8))) },
 				},
 			} {
 				call := calls[0]
@@ -52,7 +54,7 @@ func TestCallChecksAcrossProcesses(t *testing.T) {
 				rep.Errors = append(rep.Errors, err.Error())
 			}
 			sum := []float64{1}
-			if err := comm.AllReduceSum(sum); err != nil {
+			if err := comm.AllReduceSum(backends.BufferOf(sum)); err != nil {
 				return nil, err
 			}
 			rep.Sum = sum[0]

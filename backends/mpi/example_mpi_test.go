@@ -21,7 +21,7 @@ func Example() {
 		panic(err)
 	}
 	grads := []float32{0.5, -1, 2}
-	if err := comm.AllReduceSum(grads); err != nil {
+	if err := comm.AllReduceSum(backends.BufferOf(grads)); err != nil {
 		panic(err)
 	}
 	fmt.Println(comm.Name(), comm.Rank(), comm.Size(), grads)

@@ -179,7 +179,7 @@ func TestWatchdogAcrossProcesses(t *testing.T) {
 				return nil, errors.New("rank 1 outlived rank 0's abort")
 			}
 			start := time.Now()
-			err = comm.AllReduceSum(make([]float64, 1000))
+			err = comm.AllReduceSum(backends.BufferOf(make([]float64, 1000)))
 			elapsed := time.Since(start)
 			var terr *backends.TimeoutError
 			if !errors.As(err, &terr) {

@@ -35,7 +35,7 @@ func measureAllReduce(comm *backends.Communicator, raw rawMPI, sizes []int64, t 
 			variant{name("mpi"), func(iters int) error { return raw.allreduce(buf, iters) }},
 			variant{name("goaccel"), func(iters int) error {
 				for range iters {
-					if err := comm.AllReduceSum(buf); err != nil {
+					if err := comm.AllReduceSum(backends.BufferOf(buf)); err != nil {
 						return err
 					}
 				}

@@ -78,7 +78,7 @@ func (g group) measure(variants ...variant) ([]series, error) {
 	// Every rank must run the same number of collectives: rank 0 decides.
 	if g.comm != nil && g.comm.Size() > 1 {
 		n := []int64{int64(iters)}
-		if err := g.comm.Broadcast(n, 0); err != nil {
+		if err := g.comm.Broadcast(backends.BufferOf(n), 0); err != nil {
 			return nil, err
 		}
 		iters = int(n[0])
@@ -126,7 +126,7 @@ func (g group) slowestRank(out []series) error {
 		mine = append(mine, s.Seconds...)
 	}
 	all := make([]float64, len(mine)*g.comm.Size())
-	if err := g.comm.AllGather(mine, all); err != nil {
+	if err := g.comm.AllGather(backends.BufferOf(mine), backends.BufferOf(all)); err != nil {
 		return err
 	}
 	for r := 1; r < g.comm.Size(); r++ {

@@ -130,7 +130,7 @@ func sequentialLoop(comm *backends.Communicator, set *bucketSet) func(int) error
 	return func(iters int) error {
 		for range iters {
 			for _, flat := range set.flats {
-				if err := comm.AllReduceSum(flat); err != nil {
+				if err := comm.AllReduceSum(backends.BufferOf(flat)); err != nil {
 					return err
 				}
 			}

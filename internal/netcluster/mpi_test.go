@@ -143,7 +143,7 @@ func hostRank() (any, error) {
 		for i := range buf {
 			buf[i] = float32(topo.Rank + i%7)
 		}
-		if err := comm.AllReduceSum(buf); err != nil {
+		if err := comm.AllReduceSum(backends.BufferOf(buf)); err != nil {
 			return nil, err
 		}
 		for i, v := range buf {

@@ -91,7 +91,7 @@ func AllGatherBytes(comm *backends.Communicator, data []byte) ([][]byte, error) 
 		return [][]byte{data}, nil
 	}
 	lengths := make([]int64, size)
-	if err := comm.AllGather([]int64{int64(len(data))}, lengths); err != nil {
+	if err := comm.AllGather(backends.BufferOf([]int64{int64(len(data))}), backends.BufferOf(lengths)); err != nil {
 		return nil, err
 	}
 	longest := int64(0)
@@ -105,7 +105,7 @@ func AllGatherBytes(comm *backends.Communicator, data []byte) ([][]byte, error) 
 	padded := make([]byte, longest)
 	copy(padded, data)
 	buf := make([]byte, longest*int64(size))
-	if err := comm.AllGather(padded, buf); err != nil {
+	if err := comm.AllGather(backends.BufferOf(padded), backends.BufferOf(buf)); err != nil {
 		return nil, err
 	}
 	for r := range size {

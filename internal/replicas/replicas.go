@@ -90,7 +90,7 @@ func gatherIfDifferent(comm *backends.Communicator, what string, lines []string)
 	text := []byte(strings.Join(lines, "\n"))
 	sum := sha256.Sum256(text)
 	sums := make([]byte, len(sum)*size)
-	if err := comm.AllGather(sum[:], sums); err != nil {
+	if err := comm.AllGather(backends.BufferOf(sum[:]), backends.BufferOf(sums)); err != nil {
 		return nil, fmt.Errorf("replicas: comparing %s across ranks: %w", what, err)
 	}
 	same := true
@@ -204,7 +204,7 @@ func BroadcastVariables(comm *backends.Communicator, vars []*context.Variable, r
 			return fmt.Errorf("replicas: variable %q has no value to broadcast: %w", v.ScopeAndName(), err)
 		}
 		var bcastErr error
-		err = value.MutableBytes(func(data []byte) { bcastErr = comm.Broadcast(data, root) })
+		err = value.MutableBytes(func(data []byte) { bcastErr = comm.Broadcast(backends.BufferOf(data), root) })
 		if err == nil {
 			err = bcastErr
 		}
