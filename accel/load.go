@@ -3,7 +3,6 @@ package accel
 import (
 	"bytes"
 	"encoding/gob"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -206,8 +205,8 @@ func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
 	if p.State, err = os.ReadFile(filepath.Join(path, stateFile)); err != nil {
 		return nil, err
 	}
-	var state savedState
-	if err := json.Unmarshal(p.State, &state); err != nil {
+	state, err := parseState(p.State)
+	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %s: %w", path, stateFile, err)
 	}
 	if len(state.Models) != len(a.models) {
@@ -285,7 +284,8 @@ func (a *Accelerator) planLoad(payload []byte) (*loadPlan, error) {
 		return nil, fmt.Errorf("decoding the checkpoint the main process sent: %w", err)
 	}
 	plan := &loadPlan{path: p.Path, skipped: p.Skipped}
-	if err := json.Unmarshal(p.State, &plan.state); err != nil {
+	var err error
+	if plan.state, err = parseState(p.State); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %s: %w", p.Path, stateFile, err)
 	}
 	if err := a.check(plan, p); err != nil {
