@@ -12,7 +12,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/checkpoint"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 

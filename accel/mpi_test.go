@@ -19,14 +19,14 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testing/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
 
 // The tests in this file run as real MPI jobs: go test re-executes the test binary under mpirun (see
-// internal/mpitest), each rank builds its Accelerator from mpirun's environment, and the parent checks
+// internal/testing/mpitest), each rank builds its Accelerator from mpirun's environment, and the parent checks
 // what the ranks report.
 
 // keepingMPI makes a rank's work for mpitest.Do: it opens a communicator, the keeper, that keeps MPI

@@ -15,7 +15,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 // TestMPIDebugModeOnOneRankIsRefused: debug mode on one rank only is refused by every rank's New with the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/testing/testmodel"
 )
 

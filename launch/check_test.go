@@ -12,7 +12,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends"
 	_ "github.com/goaccel/goaccel/backends/mpi" // the check's processes open the MPI engine
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/launch"
 )
 

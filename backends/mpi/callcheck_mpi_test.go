@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 // TestCallChecksAcrossProcesses: under mpirun with 2 and 4 ranks and call checks on, the last rank calling

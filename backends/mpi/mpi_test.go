@@ -1,6 +1,6 @@
 package mpi_test
 
-// These tests run real MPI jobs through internal/mpitest: each test re-executes this package's test binary
+// These tests run real MPI jobs through internal/testing/mpitest: each test re-executes this package's test binary
 // as the ranks of `mpirun -np N` (built with -tags mpi by the harness when this binary was not). They go
 // through backends.Open("mpi", ...) rather than the cgo symbols, so they compile with and without the tag.
 
@@ -18,7 +18,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/enginetest"
 	"github.com/goaccel/goaccel/backends/mpi"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 func TestMain(m *testing.M) { mpitest.Main(m) }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/launch"
 	"github.com/goaccel/goaccel/version"
 )

@@ -23,7 +23,7 @@ import (
 	mlcontext "github.com/gomlx/gomlx/pkg/ml/context"
 
 	"github.com/goaccel/goaccel/checkpoint"
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 // TestRestartAfterAKilledRank: the demo under `accel launch -n 2 --max-restarts 2`, saving every 32

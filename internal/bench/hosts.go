@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/goaccel/goaccel/internal/netcluster"
+	"github.com/goaccel/goaccel/internal/testing/netcluster"
 	"github.com/goaccel/goaccel/launch"
 )
 

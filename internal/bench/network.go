@@ -21,7 +21,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/internal/netcluster"
+	"github.com/goaccel/goaccel/internal/testing/netcluster"
 	"github.com/goaccel/goaccel/launch"
 )
 

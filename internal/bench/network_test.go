@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/netcluster"
+	"github.com/goaccel/goaccel/internal/testing/netcluster"
 	"github.com/goaccel/goaccel/launch"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/enginetest"
 	_ "github.com/goaccel/goaccel/backends/mpi" // the ranks open the MPI engine
-	"github.com/goaccel/goaccel/internal/mpitest"
-	"github.com/goaccel/goaccel/internal/netcluster"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/netcluster"
 	"github.com/goaccel/goaccel/launch"
 )
 

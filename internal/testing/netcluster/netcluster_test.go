@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/mpitest"
-	"github.com/goaccel/goaccel/internal/netcluster"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/netcluster"
 )
 
 func TestMain(m *testing.M) { mpitest.Main(m) }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends"
 	_ "github.com/goaccel/goaccel/backends/mpi" // the ranks open nothing, but a real user package would
-	"github.com/goaccel/goaccel/internal/mpitest"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 func TestMain(m *testing.M) { mpitest.Main(m) }
