@@ -12,7 +12,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/jobenv"
 )
 
 // envSetting is one environment variable goaccel reads and the option it stands for.
@@ -53,7 +53,7 @@ var envSettings = []envSetting{
 	{"CUDA_VISIBLE_DEVICES", func(v string) (Option, error) {
 		return func(c *config) { c.visibleDevices = v }, nil
 	}},
-	{launch.RestartCountEnvVar, func(v string) (Option, error) {
+	{jobenv.RestartCount, func(v string) (Option, error) {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 0 {
 			return nil, fmt.Errorf("want the number of restarts so far (0 or more), got %q", v)

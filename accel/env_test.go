@@ -12,14 +12,14 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/jobenv"
 )
 
 // clearConfigEnv unsets every variable OptionsFromEnv reads, for the test's duration.
 func clearConfigEnv(t *testing.T) {
 	for _, name := range []string{backends.TimeoutEnvVar, backends.CallChecksEnvVar, accel.CheckReplicasEnvVar,
 		accel.GradientCompressionEnvVar, "GOMLX_BACKEND", cpu.GradientsEnvVar, cpu.MatmulEnvVar,
-		cpu.ThreadsEnvVar, "CUDA_VISIBLE_DEVICES", launch.RestartCountEnvVar} {
+		cpu.ThreadsEnvVar, "CUDA_VISIBLE_DEVICES", jobenv.RestartCount} {
 		t.Setenv(name, "")
 	}
 }
@@ -117,8 +117,8 @@ func TestUnreadableEnvironmentIsAnError(t *testing.T) {
 		{backends.CallChecksEnvVar, "enabled", `want 1, true, yes or on (or 0, false, no, off), got "enabled"`},
 		{accel.CheckReplicasEnvVar, "2", `want 1, true, yes or on (or 0, false, no, off), got "2"`},
 		{accel.GradientCompressionEnvVar, "int8", `accumulate: unknown gradient compression "int8" (want bf16, fp16 or none)`},
-		{launch.RestartCountEnvVar, "-1", `want the number of restarts so far (0 or more), got "-1"`},
-		{launch.RestartCountEnvVar, "once", `want the number of restarts so far (0 or more), got "once"`},
+		{jobenv.RestartCount, "-1", `want the number of restarts so far (0 or more), got "-1"`},
+		{jobenv.RestartCount, "once", `want the number of restarts so far (0 or more), got "once"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -137,7 +137,7 @@ func TestEnvironmentReachesTheAccelerator(t *testing.T) {
 	clearConfigEnv(t)
 	t.Setenv(backends.TimeoutEnvVar, "90s")
 	t.Setenv(backends.CallChecksEnvVar, "true")
-	t.Setenv(launch.RestartCountEnvVar, "2")
+	t.Setenv(jobenv.RestartCount, "2")
 	acc, err := accel.New()
 	require.NoError(t, err)
 	defer acc.Close()

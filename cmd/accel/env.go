@@ -19,7 +19,7 @@ import (
 	"github.com/goaccel/goaccel/backends/mpi"
 	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/cpu/kernels"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/version"
 )
 

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 // TestLaunchRefusesBadHostfile: `accel launch --hostfile FILE` with a line that ssh would read as an

@@ -15,7 +15,7 @@ import (
 
 	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 func TestMain(m *testing.M) {

@@ -12,7 +12,8 @@ import (
 
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/mpi"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
+	"github.com/goaccel/goaccel/internal/launch/rankcheck"
 	"github.com/goaccel/goaccel/version"
 )
 
@@ -240,7 +241,7 @@ func (a *app) checkRank(args []string) int {
 		return 1
 	}
 	info := launch.CheckInfo{GoaccelVersion: version.String(), MPILibrary: firstLine(mpi.LibraryVersion())}
-	if err := launch.CheckRank(comm, info, a.stdout); err != nil {
+	if err := rankcheck.Run(comm, info, a.stdout); err != nil {
 		fmt.Fprintf(a.stderr, "accel %s: rank %d: %v\n", checkRankCommand, topo.Rank, err)
 		comm.Abort(1)
 		return 1

@@ -35,7 +35,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 func main() {

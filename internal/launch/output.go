@@ -1,0 +1,240 @@
+package launch
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Output sorts the output of a job whose mpirun tags every line with its rank (Open MPI's --tag-output,
+// which WithTaggedOutput adds): each rank's lines go whole to DIR/rank-N.log and mpirun's own to
+// DIR/mpirun.log, while the terminal gets the ranks' standard output as they wrote it, each distinct error
+// line once (with the rank that wrote it first), and mpirun's messages without the banners that only
+// restate a failure the ranks already explained (MPI_ABORT, "exited improperly", help aggregation). After
+// the job, Summary lists each distinct error line with every rank that wrote it.
+type Output struct {
+	dir            string
+	stdout, stderr io.Writer
+
+	mu       sync.Mutex
+	files    map[int]*os.File // per rank
+	mpirun   *os.File
+	errLines []errLine // distinct error lines, in order of appearance
+	block    []string  // mpirun lines of a banner being read (between dashed lines)
+	inBlock  bool
+}
+
+type errLine struct {
+	text  string
+	ranks []int
+}
+
+// NewOutput writes the job's logs under dir (created if needed) and the terminal's share to stdout and
+// stderr.
+func NewOutput(dir string, stdout, stderr io.Writer) (*Output, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("launch: output directory: %w", err)
+	}
+	f, err := os.Create(filepath.Join(dir, "mpirun.log"))
+	if err != nil {
+		return nil, fmt.Errorf("launch: output directory: %w", err)
+	}
+	return &Output{dir: dir, stdout: stdout, stderr: stderr, files: map[int]*os.File{}, mpirun: f}, nil
+}
+
+// Dir is where the logs are.
+func (o *Output) Dir() string { return o.dir }
+
+// Stdout and Stderr are the writers for mpirun's two streams.
+func (o *Output) Stdout() io.Writer { return &lineWriter{emit: o.line} }
+
+// Stderr: see Stdout.
+func (o *Output) Stderr() io.Writer { return &lineWriter{emit: o.line} }
+
+// tagged matches Open MPI's --tag-output prefix: [jobid,rank]<stream>:
+var tagged = regexp.MustCompile(`^\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:(.*)$`)
+
+// noise are mpirun's messages that restate a failure the ranks report themselves.
+var noise = []string{
+	"MPI_ABORT was invoked", "mpirun has exited due to process rank", "exiting improperly",
+	"Primary job  terminated normally", "mpirun detected that one or more processes exited with non-zero status",
+	"mpirun noticed that process rank", "ORTE_ERROR_LOG", "help message help-", "orte_base_help_aggregate",
+	"NOTE: invoking MPI_ABORT",
+}
+
+func isNoise(line string) bool {
+	return slices.ContainsFunc(noise, func(n string) bool { return strings.Contains(line, n) })
+}
+
+func (o *Output) line(line string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m := tagged.FindStringSubmatch(line)
+	if m == nil {
+		o.mpirunLine(line)
+		return
+	}
+	rank, _ := strconv.Atoi(m[1])
+	stream, text := m[2], m[3]
+	if f := o.rankFile(rank); f != nil {
+		fmt.Fprintf(f, "%s: %s\n", stream, text)
+	}
+	if stream == "stdout" {
+		fmt.Fprintln(o.stdout, text)
+		return
+	}
+	// "rank 2 of 4: …" from rank 2 and "rank 3 of 4: …" from rank 3 say the same thing.
+	text = sameFromEveryRank(text, rank)
+	for i := range o.errLines {
+		if o.errLines[i].text == text {
+			o.errLines[i].ranks = append(o.errLines[i].ranks, rank)
+			return // the same words from another rank: once on the terminal is enough
+		}
+	}
+	o.errLines = append(o.errLines, errLine{text: text, ranks: []int{rank}})
+	fmt.Fprintf(o.stderr, "rank %d: %s\n", rank, strings.ReplaceAll(text, "rank N", "rank "+strconv.Itoa(rank)))
+}
+
+// ownRank matches a rank number in a line.
+var ownRank = regexp.MustCompile(`\brank (\d+)\b`)
+
+// sameFromEveryRank writes the writer's own rank number in text as N, so that the same message from every
+// rank reads the same.
+func sameFromEveryRank(text string, rank int) string {
+	return ownRank.ReplaceAllStringFunc(text, func(m string) string {
+		if m == "rank "+strconv.Itoa(rank) {
+			return "rank N"
+		}
+		return m
+	})
+}
+
+// mpirunLine passes mpirun's own messages on, except banners (blocks between dashed lines) and single
+// lines that only restate the ranks' failure.
+func (o *Output) mpirunLine(line string) {
+	fmt.Fprintln(o.mpirun, line)
+	dashes := strings.HasPrefix(line, "-----") && strings.Trim(line, "-") == ""
+	switch {
+	case dashes && !o.inBlock:
+		o.inBlock, o.block = true, o.block[:0]
+	case dashes:
+		o.inBlock = false
+		if !slices.ContainsFunc(o.block, isNoise) {
+			fmt.Fprintln(o.stderr, strings.Repeat("-", 74))
+			for _, l := range o.block {
+				fmt.Fprintln(o.stderr, l)
+			}
+			fmt.Fprintln(o.stderr, strings.Repeat("-", 74))
+		}
+	case o.inBlock:
+		o.block = append(o.block, line)
+	case !isNoise(line):
+		fmt.Fprintln(o.stderr, line)
+	}
+}
+
+func (o *Output) rankFile(rank int) *os.File {
+	if f, ok := o.files[rank]; ok {
+		return f
+	}
+	f, err := os.Create(filepath.Join(o.dir, fmt.Sprintf("rank-%d.log", rank)))
+	if err != nil {
+		f = nil // the terminal still gets the line
+	}
+	o.files[rank] = f
+	return f
+}
+
+// Summary describes a failed job: each distinct error line with the ranks that wrote it, and where every
+// rank's whole output is. Empty when no rank wrote an error line.
+func (o *Output) Summary() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.errLines) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for _, l := range o.errLines {
+		fmt.Fprintf(&b, "  %s: %s\n", rankList(l.ranks), l.text)
+	}
+	fmt.Fprintf(&b, "  (every rank's whole output: %s)\n", filepath.Join(o.dir, "rank-N.log"))
+	return b.String()
+}
+
+// Close flushes a banner left open and closes the logs.
+func (o *Output) Close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, l := range o.block {
+		if o.inBlock && !isNoise(l) {
+			fmt.Fprintln(o.stderr, l)
+		}
+	}
+	var errs []error
+	for _, f := range o.files {
+		if f != nil {
+			errs = append(errs, f.Close())
+		}
+	}
+	errs = append(errs, o.mpirun.Close())
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rankList writes ranks as "rank 2" or "ranks 0-3, 5".
+func rankList(ranks []int) string {
+	rs := slices.Clone(ranks)
+	slices.Sort(rs)
+	rs = slices.Compact(rs)
+	var parts []string
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", rs[i], rs[j]))
+		} else {
+			parts = append(parts, strconv.Itoa(rs[i]))
+		}
+		i = j + 1
+	}
+	if len(rs) == 1 {
+		return "rank " + parts[0]
+	}
+	return "ranks " + strings.Join(parts, ", ")
+}
+
+// lineWriter splits a stream into lines, each passed to emit without its line ending.
+type lineWriter struct {
+	emit func(line string)
+	buf  bytes.Buffer
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.buf.Write(p)
+	for {
+		i := bytes.IndexByte(w.buf.Bytes(), '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := string(w.buf.Next(i + 1))
+		w.emit(strings.TrimRight(line, "\r\n"))
+	}
+}
+
+// WithTaggedOutput makes Open MPI's mpirun tag every line with its rank (--tag-output), for Output.
+func WithTaggedOutput() Option {
+	return func(c *config) { c.tagOutput = true }
+}
