@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/internal/launch"
 )
 
 func TestMain(m *testing.M) {

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/mpitest"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // TestMPIRunSeveralProcesses: under a real mpirun of 2 and of 4 processes, the unchanged program trains

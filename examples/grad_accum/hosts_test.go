@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // clusterFlags are the `accel launch` flags for slots processes on each host of c: its hosts, its launch

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/mpitest"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // TestLaunchTwoProcessesMatchesOne: the unchanged demo under `accel launch -n 2` reaches the same test

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 // results is everything one run measured: the report is rendered from it, and -json saves it.

@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 // endToEndPlan is the demo's job, run by goaccel's demo binary and by the PyTorch script: same model,

@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // hostSet is where multi-host jobs run: the hosts, each with its slots, the launch agent that starts

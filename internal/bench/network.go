@@ -21,8 +21,8 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // networkPlan is section 6: the demo's job against PyTorch DDP and the gradient syncs alone, with one

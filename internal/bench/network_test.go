@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // standIns are stand-in programs for the network section's plumbing: an mpirun that logs its command line

@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 // transformerPlan is examples/charlm's job, run by goaccel's binary and by its PyTorch twin: the same

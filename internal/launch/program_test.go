@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/launch"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 // TestCheckProgram: a program that cannot run is a *launch.ProgramError with a shell's exit code, before

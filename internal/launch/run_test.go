@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/launch"
+	"github.com/goaccel/goaccel/internal/testing/mpitest"
 )
 
 // These tests start real mpirun jobs of shell commands: they need Open MPI or MPICH installed.

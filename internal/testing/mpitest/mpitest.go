@@ -57,7 +57,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/backends"
-	"github.com/goaccel/goaccel/launch"
+	"github.com/goaccel/goaccel/internal/launch"
 )
 
 const (

@@ -17,9 +17,9 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/backends/enginetest"
 	_ "github.com/goaccel/goaccel/backends/mpi" // the ranks open the MPI engine
+	"github.com/goaccel/goaccel/internal/launch"
 	"github.com/goaccel/goaccel/internal/testing/mpitest"
 	"github.com/goaccel/goaccel/internal/testing/netcluster"
-	"github.com/goaccel/goaccel/launch"
 )
 
 // acrossHosts is a mpitest.Launcher that runs mpirun on host 0 of c with slots ranks per host, as package
