@@ -9,7 +9,7 @@ TAGS ?= blas
 MPI_TAGS ?= mpi,$(TAGS)
 DEMO_ARGS ?=
 
-.PHONY: all demo demo-mpi test vet build bench deps deps-openmpi deps-dataset deps-openblas deps-torch deps-iproute2 clean
+.PHONY: all demo demo-mpi test test-fast test-slow test-race test-portability vet build bench deps deps-openmpi deps-dataset deps-openblas deps-torch deps-iproute2 clean
 
 all: build
 
@@ -44,15 +44,29 @@ vet: deps-openmpi deps-openblas
 	$(GO) vet ./...
 	$(GO) vet -tags $(MPI_TAGS) ./...
 
-# Every test, including the ones that start mpirun -np 2 and -np 4 (they build mpi-tagged binaries), the
-# ones across an emulated cluster of hosts (network namespaces: root and iproute2, hence deps-iproute2) and
-# the bench's quick end-to-end run against PyTorch (hence deps-torch), with the BLAS path; then the compute
-# packages again without it, so the pure-Go path stays tested too; then the
-# collective engines under the race detector, MPI ranks included (mpirun starts the race-built binary).
-test: deps deps-torch deps-iproute2 vet
+# Every test, in two tiers. The fast tier (`make test-fast`, about a minute) is every package's tests with
+# -short: no real mpirun job, no emulated cluster, no PyTorch. The slow tier (`make test-slow`) is the whole
+# suite: the mpirun -np 2 and -np 4 jobs (they build mpi-tagged binaries), the tests across an emulated
+# cluster of hosts (network namespaces: root and iproute2, hence deps-iproute2) and the bench's quick
+# end-to-end run against PyTorch (hence deps-torch), with the BLAS path. Then the CPU kernels again without
+# BLAS, so the pure-Go path stays tested; the race detector over the collectives, the gradient path and the
+# facade, MPI ranks included (mpirun starts the race-built binaries); and the portability checks (the kernel
+# tests at GOAMD64=v3, arm64 and purego builds). CI runs all of it.
+test: deps deps-torch deps-iproute2 vet test-fast test-slow test-race test-portability
+
+test-fast: deps-openblas
+	$(GO) test -short -count=1 -timeout 10m -tags $(TAGS) ./...
+
+test-slow: deps deps-torch deps-iproute2
 	$(GO) test -count=1 -timeout 45m -tags $(TAGS) ./...
 	$(GO) test -count=1 -timeout 10m ./cpu/...
-	$(GO) test -count=1 -timeout 10m -race -tags $(MPI_TAGS) ./backends/ ./backends/enginetest/ ./backends/mpi/
+
+test-race: deps-openmpi deps-openblas
+	$(GO) test -count=1 -timeout 30m -race -tags $(MPI_TAGS) ./backends/ ./backends/enginetest/ ./backends/mpi/ \
+		./accumulate/ ./prepare/ ./accel/
+
+test-portability:
+	bash scripts/check-portability.sh
 
 # Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch DDP, side by side, and writes
 # docs/benchmarks.md: about twenty minutes on 2 cores once the demo's CNN meets its goals (its five-epoch

@@ -226,9 +226,13 @@ func tail(s string) string {
 	return s
 }
 
-// RequireMPIRun returns the path of mpirun. Without one it skips the test, or fails it when CI=true.
+// RequireMPIRun returns the path of mpirun. Without one it skips the test, or fails it when CI=true. Under
+// -short (make test-fast) it skips: real mpirun jobs are the slow tier, which make test runs.
 func RequireMPIRun(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("a real mpirun job: the slow tier (make test-slow)")
+	}
 	path, err := exec.LookPath("mpirun")
 	if err != nil {
 		if os.Getenv("CI") == "true" {

@@ -32,9 +32,13 @@ func ForTest(t testing.TB, hosts int, opts ...Option) *Cluster {
 	return c
 }
 
-// Require skips t, saying why, when clusters cannot be built here, or fails it when CI=true.
+// Require skips t, saying why, when clusters cannot be built here, or fails it when CI=true. Under -short
+// (make test-fast) it skips: emulated clusters are the slow tier, which make test runs.
 func Require(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("an emulated cluster of hosts: the slow tier (make test-slow)")
+	}
 	if err := Available(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%v (CI=true: emulated clusters are required here)", err)
