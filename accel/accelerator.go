@@ -212,7 +212,7 @@ func (a *Accelerator) Close() error {
 // CloseWithError is Close for a rank that stops because of err. With several processes it tells the other
 // ranks that this rank failed and why: those waiting for it in a collective return a *backends.PeerError
 // naming this rank and carrying err's text. It then ends the whole job with a non-zero exit code, once the
-// others had a moment to report (backends.FailureGrace), so it does not return under MPI: print err first.
+// others had a moment to report (a few seconds), so it does not return under MPI: print err first.
 // On one process, or with a nil err, it is Close.
 //
 //	defer func() {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/goaccel/goaccel/backends/internal/sidechannel"
 )
 
 // Op names a kind of collective operation.
@@ -22,9 +24,6 @@ const (
 	OpReduceScatter
 	numOps
 )
-
-// NumOps is the number of operation kinds: Op values run from 0 to NumOps-1.
-const NumOps = int(numOps)
 
 var opNames = [...]string{"all-reduce", "broadcast", "all-gather", "barrier", "reduce-scatter"}
 
@@ -43,7 +42,8 @@ type OpStats struct {
 	Wait  time.Duration
 }
 
-// Stats is a snapshot of a Communicator's counters, per operation kind.
+// Stats is a snapshot of a Communicator's counters, per operation kind: PerOp[op] for every Op from 0 to
+// len(PerOp)-1.
 type Stats struct {
 	PerOp [numOps]OpStats
 }
@@ -152,8 +152,8 @@ type Communicator struct {
 
 	// checkCalls: verify before every collective that all ranks call the same one (WithCallChecks).
 	checkCalls bool
-	// notices is the engine's side channel (nil if it has none); see Messenger.
-	notices Messenger
+	// notices is the engine's side channel (nil if it has none); see sidechannel.Messenger.
+	notices sidechannel.Messenger
 	// announced: this rank told the others it closes or failed (it does so once).
 	announced bool
 	// left records, per rank, what that rank announced: it closed, or failed and why.
@@ -186,7 +186,7 @@ func NewCommunicator(engineName string, engine Engine, opts ...CommunicatorOptio
 	for _, opt := range opts {
 		opt(c)
 	}
-	if m, ok := engine.(Messenger); ok && engine.Size() > 1 {
+	if m, ok := engine.(sidechannel.Messenger); ok && engine.Size() > 1 {
 		c.notices = m
 		c.left = map[int]departure{}
 	}
@@ -588,7 +588,7 @@ func (c *Communicator) Closed() bool {
 //
 // After a failed collective (a timeout, an error, a peer that left), or after Fail, the job's ranks are no
 // longer in step and a clean shutdown could hang: Close then tells the other ranks that this rank failed,
-// gives them a moment (FailureGrace) to receive it and report their own errors, and aborts the job. Engines
+// gives them a moment (failureGrace) to receive it and report their own errors, and aborts the job. Engines
 // whose Abort ends the process (MPI) never return from Close then: report errors before closing.
 func (c *Communicator) Close() error {
 	c.mu.Lock()

@@ -9,30 +9,10 @@ import (
 	"time"
 )
 
-// Messenger is implemented by engines with a side channel beside the collectives: short messages that a
-// rank sends to every other rank without the others calling anything to match them. The Communicator uses
-// it to tell the other ranks that this rank closes or failed, so that a rank waiting for it in a
-// collective stops with an error naming it instead of waiting until its timeout.
-//
-// An engine that implements Messenger has a collective Close (MPI_Finalize waits for every rank): the
-// Communicator closes it only once every rank announced that it closes.
-type Messenger interface {
-	// Notify sends msg to every other rank without waiting for them to receive it.
-	Notify(msg []byte) error
-	// Notices returns the messages received from other ranks since the last call, without blocking.
-	Notices() ([]Notice, error)
-}
-
-// Notice is a message received through a Messenger.
-type Notice struct {
-	From int
-	Msg  []byte
-}
-
-// FailureGrace is how long a failing rank waits, before it aborts the job, for the other ranks to learn
+// failureGrace is how long a failing rank waits, before it aborts the job, for the other ranks to learn
 // of the failure and report their own errors: aborting ends every process of the job at once, and a rank
 // killed before it printed why it stopped leaves the user guessing.
-const FailureGrace = 3 * time.Second
+const failureGrace = 3 * time.Second
 
 // closedPeerGrace is how long a rank waiting in a collective keeps waiting after a peer announced that it
 // closes: the peer may have completed its side of this very collective just before closing, and the last
@@ -222,7 +202,7 @@ func (c *Communicator) closeTogether() error {
 }
 
 // abortAfterGrace tells the other ranks that this rank failed with cause, waits for them to learn of it
-// (see FailureGrace), and aborts the job. The rank where the failure started aborts as soon as every rank
+// (see failureGrace), and aborts the job. The rank where the failure started aborts as soon as every rank
 // announced its own departure; a rank that only reacts to another's failure waits the whole grace, so
 // that the job ends with the abort of the rank that failed first, which is the one the launcher names.
 func (c *Communicator) abortAfterGrace(cause error) {
@@ -231,7 +211,7 @@ func (c *Communicator) abortAfterGrace(cause error) {
 		c.announce(noticeFailed, cause.Error())
 		c.mu.Unlock()
 		origin := !errors.As(cause, new(*PeerError))
-		deadline := time.Now().Add(FailureGrace)
+		deadline := time.Now().Add(failureGrace)
 		for time.Now().Before(deadline) {
 			c.mu.Lock()
 			err := c.receiveNotices(time.Now())

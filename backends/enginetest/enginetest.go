@@ -97,7 +97,7 @@ type checker struct {
 	rank, size int
 	before     backends.Stats
 	// wantCalls and wantBytes are what the counters must have grown by, per operation.
-	wantCalls, wantBytes [backends.NumOps]int64
+	wantCalls, wantBytes [len(backends.Stats{}.PerOp)]int64
 	wrong                []error
 }
 
@@ -551,7 +551,7 @@ func (c *checker) rejectedCalls() error {
 
 func (c *checker) checkStats() {
 	delta := c.comm.Stats().Sub(c.before)
-	for op := range backends.Op(backends.NumOps) {
+	for op := range backends.Op(len(backends.Stats{}.PerOp)) {
 		got := delta.Of(op)
 		if got.Calls != c.wantCalls[op] || got.Bytes != c.wantBytes[op] {
 			c.fail(fmt.Errorf("counters: %s counted %d calls and %d bytes, want %d calls and %d bytes",

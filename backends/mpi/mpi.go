@@ -239,7 +239,7 @@ static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
 
 static int goaccel_abort(int code) { return MPI_Abort(MPI_COMM_WORLD, code); }
 
-// Notices (see backends.Messenger) are point-to-point messages on a communicator of their own, so that
+// Notices (see sidechannel.Messenger) are point-to-point messages on a communicator of their own, so that
 // they never match anything of the collectives'.
 enum { goaccel_notice_tag = 7 };
 
@@ -277,6 +277,7 @@ import (
 	"unsafe"
 
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/backends/internal/sidechannel"
 )
 
 func init() {
@@ -603,7 +604,7 @@ func (e *engine) Abort(code int) {
 	os.Exit(code)
 }
 
-// Notify sends msg to every other rank (backends.Messenger) without waiting for it to be received.
+// Notify sends msg to every other rank (sidechannel.Messenger) without waiting for it to be received.
 func (e *engine) Notify(msg []byte) error {
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
@@ -625,14 +626,14 @@ func (e *engine) Notify(msg []byte) error {
 	return nil
 }
 
-// Notices returns the notices that arrived (backends.Messenger), without blocking.
-func (e *engine) Notices() ([]backends.Notice, error) {
+// Notices returns the notices that arrived (sidechannel.Messenger), without blocking.
+func (e *engine) Notices() ([]sidechannel.Notice, error) {
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	if e.closed {
 		return nil, backends.ErrClosed
 	}
-	var out []backends.Notice
+	var out []sidechannel.Notice
 	for {
 		var flag, source, count C.int
 		if err := check("MPI_Iprobe", C.goaccel_probe(e.notices, &flag, &source, &count)); err != nil {
@@ -653,7 +654,7 @@ func (e *engine) Notices() ([]backends.Notice, error) {
 		if err != nil {
 			return out, err
 		}
-		out = append(out, backends.Notice{From: int(source), Msg: buf})
+		out = append(out, sidechannel.Notice{From: int(source), Msg: buf})
 	}
 }
 
