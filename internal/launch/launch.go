@@ -379,8 +379,8 @@ func (c *config) lookupEnv(name string) (string, bool) {
 //     (process_vm_readv fails, as under Docker's default seccomp profile without CAP_SYS_PTRACE, or Yama's
 //     ptrace_scope forbids it). Open MPI's shared-memory transport then logs "Read -1, expected N,
 //     errno = 1" for every large message and falls back to a slower path on its own; "none" goes straight
-//     to copy-in/copy-out through the shared segment. Where single copy works it is faster (a 32 MB
-//     all-reduce between two ranks: about 16 ms against 23 ms), so it is left on.
+//     to copy-in/copy-out through the shared segment. Where single copy works it is faster
+//     (docs/notes.md, Note [Open MPI's single-copy transport]), so it is left on.
 //
 // The check looks at the machine running the launcher; on a cluster whose nodes differ, set the parameter
 // yourself (`--mca btl_vader_single_copy_mechanism none` or OMPI_MCA_btl_vader_single_copy_mechanism=none).

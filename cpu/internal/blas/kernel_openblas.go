@@ -9,10 +9,10 @@ package blas
 #include <pthread.h>
 #include <cblas.h>
 
-// Below about 64 MFLOP a second OpenBLAS thread costs more in wake-up and hand-over than it saves
-// (measured: a 64×784×128 product runs at ~63 GFLOP/s on one thread and ~22 on two; a 256×512×512 one
-// gains ~1.9× from two), and on a busy node a helper thread that is not scheduled at once stalls the
-// caller. So small products run on one thread and only large ones use the rank's whole budget.
+// Below about 64 MFLOP a second OpenBLAS thread costs more in wake-up and hand-over than it saves, and on
+// a busy node a helper thread that is not scheduled at once stalls the caller (docs/notes.md, Note [one
+// BLAS thread for small products]). So small products run on one thread and only large ones use the
+// rank's whole budget.
 #define GOACCEL_PARALLEL_FLOPS (64.0 * 1024 * 1024)
 
 static int goaccel_max_threads = 1;     // the rank's budget, set by set_max_threads
@@ -118,8 +118,8 @@ func openblasCore() string { return C.GoString(C.openblas_get_corename()) }
 // float32OnTiles is whether float32 products run on gemmtile's 512-bit tiles instead of OpenBLAS: where
 // the processor has AVX-512 but the OpenBLAS loaded runs a 256-bit core (OPENBLAS_CORETYPE, read when the
 // library loads, can pin one such as Haswell on any processor), the tiles do twice the multiply-adds per
-// instruction: the transformer example's products measured 2.0–2.3× faster, its training step 1.35×.
-// Where OpenBLAS runs an AVX-512 core of its own, it keeps the products: there the two measured alike.
+// instruction. Where OpenBLAS runs an AVX-512 core of its own, it keeps the products: there the two
+// measured alike (docs/notes.md, Note [512-bit tiles beside OpenBLAS]).
 var float32OnTiles = gemmtile.Wide() && !avx512Core(openblasCore())
 
 // avx512Core reports whether an OpenBLAS core name is one of its AVX-512 cores.
