@@ -117,7 +117,7 @@ func linkedGoMLXVersion(t *testing.T) string {
 func TestPinnedInternals(t *testing.T) {
 	require.Equal(t, pinnedGoMLXVersion, linkedGoMLXVersion(t),
 		"GoMLX version changed: re-check simplego's nodeExecutors table, Node.data and dotGeneralNodeData "+
-			"against linkname.go and params.go, then update the pin")
+			"against cpu/internal/gomlxpatch (simplego.go, params.go) and this package's params.go, then update the pin")
 
 	require.NoError(t, gomlxpatch.CheckSimplegoLayout())
 	require.NoError(t, Install(0))
