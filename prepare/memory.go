@@ -64,7 +64,10 @@ func peakLiveBytes(g *Graph, outputs []*Node) float64 {
 	var live, peak float64
 	freeAt := make(map[int][]float64)
 	for i, n := range nodes {
-		if n.Type() != NodeTypeParameter && n.Type() != NodeTypeConstant {
+		// A node with several outputs (RNGBitGenerator, the random bits of dropout and its new state) has no
+		// shape of its own (Shape is invalid, and its Memory panics): the split nodes after it hold its
+		// outputs, and are counted.
+		if n.Type() != NodeTypeParameter && n.Type() != NodeTypeConstant && n.NumOutputs() == 1 {
 			if _, used := lastUse[n]; used {
 				bytes := float64(n.Shape().Memory())
 				live += bytes
