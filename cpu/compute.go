@@ -61,6 +61,8 @@ func Resolve(cfg Config) (config, reason string) {
 		}
 		return cfg.Backend, "requested by option"
 	}
+	xlaMu.Lock()
+	defer xlaMu.Unlock()
 	configureDownloads(cfg.AllowDownloads)
 	if plugins := xla.GetAvailablePlugins(); len(plugins) > 0 {
 		return "xla:" + plugins[0], "PJRT plugin installed"
@@ -68,13 +70,30 @@ func Resolve(cfg Config) (config, reason string) {
 	return PureGo, "default (no PJRT plugin installed)"
 }
 
+var (
+	// xlaMu serialises goaccel's use of package xla's process-wide state: EnableAutoInstall writes a plain
+	// variable that GetAvailablePlugins and xla.New read, and GetAvailablePlugins rewrites its cached list
+	// of plugins whenever none was found. In-process ranks each call New at once; without the lock, those
+	// calls race (GoMLX v0.26.0 synchronises none of it).
+	xlaMu sync.Mutex
+	// downloadsConfigured and downloadsAllowed are the setting configureDownloads made last.
+	downloadsConfigured, downloadsAllowed bool
+)
+
+// configureDownloads lets GoMLX download PJRT plugins or not. It changes the process-wide setting only when
+// it differs from the one it made last, so that New, called by every rank of a process, rewrites nothing
+// once the setting is made. Called with xlaMu held.
 func configureDownloads(allow bool) {
-	if !allow {
+	if !allow && os.Getenv(xla.NoAutoInstallEnv) != "1" {
 		// Both: the variable for any code that creates backends on its own, and the call because GoMLX reads
 		// the variable only once, at package initialisation.
 		_ = os.Setenv(xla.NoAutoInstallEnv, "1")
 	}
+	if downloadsConfigured && downloadsAllowed == allow {
+		return
+	}
 	xla.EnableAutoInstall(allow)
+	downloadsConfigured, downloadsAllowed = true, allow
 }
 
 var (
@@ -89,7 +108,9 @@ var (
 // this rank's share of the node's cores. A backend that cannot start returns an error naming it and what
 // is missing; GoMLX's own panics are recovered.
 func New(cfg Config) (backends.Backend, error) {
+	xlaMu.Lock()
 	configureDownloads(cfg.AllowDownloads)
+	xlaMu.Unlock()
 	config, reason := Resolve(cfg)
 	config, err := scheduleOps(cfg, config)
 	if err != nil {
@@ -164,7 +185,7 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 			backend, err = nil, fmt.Errorf("compute: backend %q (%s) failed to start: %v", config, reason, r)
 		}
 	}()
-	backend, err = backends.NewWithConfig(config)
+	backend, err = newGoMLXBackend(config)
 	if err != nil {
 		hint := ""
 		if name == "xla" {
@@ -177,6 +198,14 @@ func newBackend(cfg Config, config, reason string) (backend backends.Backend, er
 		return wrapPureGo(cfg, backend)
 	}
 	return backend, nil
+}
+
+// newGoMLXBackend creates the backend GoMLX makes for config, with xlaMu held: xla.New reads the
+// auto-install setting and the plugin list that Resolve and configureDownloads write.
+func newGoMLXBackend(config string) (backends.Backend, error) {
+	xlaMu.Lock()
+	defer xlaMu.Unlock()
+	return backends.NewWithConfig(config)
 }
 
 // visibleDeviceForRank chooses CUDA_VISIBLE_DEVICES for the process of local rank r among localSize: one GPU
