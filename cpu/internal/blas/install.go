@@ -36,7 +36,7 @@ var (
 func Install(threads int) error {
 	installMu.Lock()
 	defer installMu.Unlock()
-	if threads > 0 {
+	if threads > 0 && threads != kernelThreads() {
 		setKernelThreads(threads)
 	}
 	if dotGeneralPatch.Installed() {

@@ -98,6 +98,9 @@ func execFused(backend *simplego.Backend, node *simplego.Node, inputs []*simpleg
 func Install() error {
 	installMu.Lock()
 	defer installMu.Unlock()
+	if patch.Installed() {
+		return nil // identity stays as it is: executors running now read it
+	}
 	replaced, err := patch.Install()
 	if err == nil && replaced == nil {
 		patch.Uninstall()

@@ -306,9 +306,13 @@ func (m *DataMirror[T]) check(dataType reflect.Type) error {
 // InstallReplacing installs every patch, each of which must replace an executor simplego has (the
 // fallback for what the new executor does not handle), and hands each replaced executor to keep. On any
 // failure it uninstalls them all, leaving simplego's table as it was, and returns the error. Like
-// ExecutorPatch.Install it is idempotent.
+// ExecutorPatch.Install it is idempotent: a patch already installed is left alone and keep is not called
+// for it, since its executor may be reading what keep stored, on another goroutine, at that moment.
 func InstallReplacing(patches []*ExecutorPatch, keep func(opType backends.OpType, replaced Executor)) error {
 	for _, patch := range patches {
+		if patch.Installed() {
+			continue
+		}
 		replaced, err := patch.Install()
 		if err == nil && replaced == nil {
 			err = fmt.Errorf("simplego has no %s executor to fall back on", patch.OpType)

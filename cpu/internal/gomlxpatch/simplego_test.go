@@ -42,3 +42,30 @@ func TestNewNodeRoundTrip(t *testing.T) {
 	_, err = NewNode(builder, backends.OpTypeSelectAndScatterMax, shape, nil, "not an op")
 	assert.Error(t, err)
 }
+
+// TestInstallReplacingLeavesInstalledPatchesAlone: installing patches that are already installed hands
+// nothing to keep again (their executors may be reading what keep stored, on another goroutine), and
+// after an uninstall the next install does.
+func TestInstallReplacingLeavesInstalledPatchesAlone(t *testing.T) {
+	original, _ := CurrentExecutor(backends.OpTypeCos)
+	require.NotNil(t, original, "simplego implements Cos")
+	patches := []*ExecutorPatch{{OpType: backends.OpTypeCos, Executor: func(*simplego.Backend, *simplego.Node,
+		[]*simplego.Buffer, []bool) (*simplego.Buffer, error) {
+		return nil, nil
+	}}}
+	kept := 0
+	keep := func(opType backends.OpType, replaced Executor) {
+		assert.Equal(t, backends.OpTypeCos, opType)
+		assert.Equal(t, reflect.ValueOf(original).Pointer(), reflect.ValueOf(replaced).Pointer())
+		kept++
+	}
+	defer UninstallAll(patches)
+	require.NoError(t, InstallReplacing(patches, keep))
+	require.NoError(t, InstallReplacing(patches, keep))
+	assert.Equal(t, 1, kept, "keep called again for an installed patch")
+	UninstallAll(patches)
+	restored, _ := CurrentExecutor(backends.OpTypeCos)
+	assert.Equal(t, reflect.ValueOf(original).Pointer(), reflect.ValueOf(restored).Pointer())
+	require.NoError(t, InstallReplacing(patches, keep))
+	assert.Equal(t, 2, kept)
+}
