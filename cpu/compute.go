@@ -155,11 +155,17 @@ const sequentialOps = "ops_sequential"
 // backend's pool from inside a pool worker: with operations in parallel, products running at once can fill
 // the pool and wait for each other forever (GoMLX v0.26.0; docs/notes.md, Note [simplego's worker pool]).
 // Operations then run one after another, so no wait ever holds a worker that another task needs.
+//
+// In a binary built with the race detector, operations run one after another too: the backend's parallel
+// scheduler reads its count of each result's consumers outside the lock under which it writes it, which the
+// detector reports in every graph with a result used twice, together with the in-place writes that count
+// allows (GoMLX v0.26.0; docs/notes.md, Note [simplego's parallel scheduler]). Sequential operations leave
+// the detector free to report goaccel's own races.
 func scheduleOps(cfg Config, config string) (string, error) {
 	if config != PureGo {
 		return config, nil // another backend, or options the user chose
 	}
-	if cfg.Matmul == "go" {
+	if cfg.Matmul == "go" || raceDetector {
 		return PureGo + ":" + sequentialOps, nil
 	}
 	if cfg.ThreadBudget() > 1 {

@@ -57,8 +57,13 @@ func TestNewNamesWhatIsMissing(t *testing.T) {
 }
 
 // TestScheduleOps: a bare pure-Go configuration runs operations sequentially when the process has one
-// thread, keeps the backend's own scheduling with more, and never overrides what the user configured.
+// thread, keeps the backend's own scheduling with more (except under the race detector), and never
+// overrides what the user configured.
 func TestScheduleOps(t *testing.T) {
+	backendsChoice := PureGo
+	if raceDetector {
+		backendsChoice = SequentialPureGo
+	}
 	for _, tc := range []struct {
 		name   string
 		config string
@@ -67,7 +72,7 @@ func TestScheduleOps(t *testing.T) {
 	}{
 		{"one thread", PureGo, Config{Threads: 1}, PureGo + ":" + sequentialOps},
 		{"two ranks share two cores", PureGo, Config{LocalSize: 1 << 20}, PureGo + ":" + sequentialOps},
-		{"several threads", PureGo, Config{Threads: 4}, PureGo},
+		{"several threads", PureGo, Config{Threads: 4}, backendsChoice},
 		{"simplego's own matmul never runs in parallel", PureGo, Config{Threads: 4, Matmul: "go"}, PureGo + ":" + sequentialOps},
 		{"user's options stand", PureGo + ":ops_parallel", Config{Threads: 1}, PureGo + ":ops_parallel"},
 		{"other backends untouched", "xla:cpu", Config{Threads: 1}, "xla:cpu"},
@@ -83,7 +88,11 @@ func TestScheduleOps(t *testing.T) {
 // TestKernelsReportOps: CurrentKernels says how the pure-Go backend New set up schedules operations.
 func TestKernelsReportOps(t *testing.T) {
 	t.Setenv("GOMLX_BACKEND", "")
-	for threads, want := range map[int]string{1: "sequential", 2: "parallel"} {
+	several := "parallel"
+	if raceDetector {
+		several = "sequential"
+	}
+	for threads, want := range map[int]string{1: "sequential", 2: several} {
 		_, err := New(Config{Backend: PureGo, Threads: threads})
 		require.NoError(t, err)
 		assert.Equal(t, want, CurrentKernels().Ops, "%d thread(s)", threads)

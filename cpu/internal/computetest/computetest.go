@@ -22,8 +22,9 @@ func Main(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// Backend returns the pure-Go backend shared by a test binary's tests and benchmarks, created on first use.
-var Backend = sync.OnceValues(func() (backends.Backend, error) { return simplego.New("") })
+// Backend returns the pure-Go backend shared by a test binary's tests and benchmarks, created on first use
+// (with its operations one after another under the race detector: see backendConfig).
+var Backend = sync.OnceValues(func() (backends.Backend, error) { return simplego.New(backendConfig) })
 
 // PureGo returns the pure-Go backend shared by a test binary's tests and benchmarks: the one the compute
 // patches exist for.

@@ -18,7 +18,9 @@ func ExampleRegister() {
 	convgraph.Register()
 	defer convgraph.Unregister()
 
-	backend, err := simplego.New("")
+	// One operation at a time: simplego's parallel scheduler races on its own bookkeeping, which
+	// `go test -race` reports (docs/notes.md, Note [simplego's parallel scheduler]).
+	backend, err := simplego.New("ops_sequential")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -47,7 +49,9 @@ func ExampleRegister() {
 func ExampleLowerConvolutions() {
 	convgraph.Register()
 	defer convgraph.Unregister()
-	pureGo, err := simplego.New("")
+	// One operation at a time: simplego's parallel scheduler races on its own bookkeeping, which
+	// `go test -race` reports (docs/notes.md, Note [simplego's parallel scheduler]).
+	pureGo, err := simplego.New("ops_sequential")
 	if err != nil {
 		fmt.Println(err)
 		return

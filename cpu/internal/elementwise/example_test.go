@@ -18,7 +18,9 @@ func Example() {
 		return
 	}
 	defer elementwise.Uninstall()
-	inner, err := simplego.New("")
+	// One operation at a time: simplego's parallel scheduler races on its own bookkeeping, which
+	// `go test -race` reports (docs/notes.md, Note [simplego's parallel scheduler]).
+	inner, err := simplego.New("ops_sequential")
 	if err != nil {
 		fmt.Println(err)
 		return
