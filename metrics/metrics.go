@@ -119,10 +119,14 @@ func (s *Set) Results() map[string]float64 {
 // Count is the number of examples scored, each counted once across the ranks.
 func (s *Set) Count() int64 { return s.count }
 
-// Accuracy is the fraction of examples whose highest prediction is their label.
+// Accuracy is the fraction of examples whose highest prediction is their label. A tie goes to the lowest
+// class index, as PyTorch's argmax decides it (all-equal predictions pick class 0), and an example whose
+// predictions hold a NaN is a miss whatever its label: a model that produced NaN predicted nothing.
 func Accuracy() Metric { return topK{k: 1, name: "accuracy"} }
 
-// TopK is the fraction of examples whose label is among their k highest predictions.
+// TopK is the fraction of examples whose label is among their k highest predictions, ranked as Accuracy
+// ranks the highest: ties broken by lower class index, and an example whose predictions hold a NaN a miss
+// (a NaN is never in the top k, and the other classes of such an example are not a ranking either).
 func TopK(k int) Metric { return topK{k: k, name: fmt.Sprintf("top_%d_accuracy", k)} }
 
 type topK struct {
@@ -142,14 +146,18 @@ func (t topK) Score(predictions []float64, classes int, labels []int64) ([]float
 			return nil, fmt.Errorf("label %d of example %d is not one of %d classes", label, i, classes)
 		}
 		row := predictions[i*classes : (i+1)*classes]
-		// The label is in the top k when fewer than k classes score higher (ties count for the label).
-		higher := 0
-		for _, v := range row {
-			if v > row[label] {
-				higher++
+		if slices.ContainsFunc(row, math.IsNaN) {
+			continue // a miss
+		}
+		// The label's place in the ranking: the classes that score higher, and those that score the same
+		// with a lower index (a stable sort by descending score puts them first).
+		ahead := 0
+		for j, v := range row {
+			if v > row[label] || v == row[label] && j < int(label) {
+				ahead++
 			}
 		}
-		if higher < t.k {
+		if ahead < t.k {
 			hits[i] = 1
 		}
 	}
@@ -157,7 +165,9 @@ func (t topK) Score(predictions []float64, classes int, labels []int64) ([]float
 }
 
 // CrossEntropy is the mean negative log-likelihood of the labels under the softmax of the predictions
-// (logits), as losses.SparseCategoricalCrossEntropyLogits, example by example.
+// (logits), as losses.SparseCategoricalCrossEntropyLogits, example by example. An example whose logits hold
+// a NaN or a +Inf scores NaN, and so does the mean over a dataset that has one such example: a diverged
+// model's loss is never a finite number. A -Inf logit is a probability of 0: +Inf when it is the label's.
 func CrossEntropy() Metric { return crossEntropy{} }
 
 type crossEntropy struct{}
