@@ -86,7 +86,10 @@ type Extension interface {
 	Wrap(cfg Config, backend backends.Backend) (backends.Backend, error)
 	// Apply sets the process-wide kernels (executor tables, gradient rules, BLAS threads) for cfg. New calls
 	// it when a configuration differs from the one applied last, never while the settings are unchanged,
-	// so that ranks sharing the process do not rewrite tables another rank's graph is reading.
+	// so that ranks sharing the process do not rewrite tables another rank's graph is reading. Even then it
+	// must rewrite only what a changed setting decides: with only the thread budget changed, it changes the
+	// budget and leaves executor tables and gradient rules as they are (graphs of other ranks read them
+	// without synchronisation; cpu/kernels' TestNewWhileAnotherRankExecutes checks this under -race).
 	Apply(cfg Config) error
 	// Describe reports the kernels in use (Ops is filled in by CurrentKernels).
 	Describe() Kernels
