@@ -86,7 +86,7 @@ func TestLaunchAcrossHosts(t *testing.T) {
 			assert.Equal(t, local.GlobalBatch, hosts.GlobalBatch)
 			assert.Equal(t, local.OptimizerSteps, hosts.OptimizerSteps)
 			assert.Equal(t, local.Syncs, hosts.Syncs)
-			assert.InDelta(t, local.TestAccuracy, hosts.TestAccuracy, 0.005,
+			assert.InDelta(t, float64(local.TestAccuracy), float64(hosts.TestAccuracy), 0.005,
 				"%d processes on one host: %.4f, on 2 hosts: %.4f", np, local.TestAccuracy, hosts.TestAccuracy)
 			must := uint64(hosts.Syncs) * mlpParamBytes(hidden)
 			require.Positive(t, must)

@@ -32,7 +32,7 @@ func TestLaunchTwoProcessesMatchesOne(t *testing.T) {
 	assert.Equal(t, single.GlobalBatch, double.GlobalBatch)
 	assert.Equal(t, single.OptimizerSteps, double.OptimizerSteps)
 	assert.Positive(t, double.CollectiveCalls, "two processes must exchange gradients")
-	assert.InDelta(t, single.TestAccuracy, double.TestAccuracy, 0.01,
+	assert.InDelta(t, float64(single.TestAccuracy), float64(double.TestAccuracy), 0.01,
 		"1 process: %.4f, 2 processes: %.4f", single.TestAccuracy, double.TestAccuracy)
 	t.Logf("test accuracy: 1 process %.4f, 2 processes %.4f", single.TestAccuracy, double.TestAccuracy)
 }
@@ -83,7 +83,7 @@ func TestLaunchCompressedGradients(t *testing.T) {
 			s := launchTwo(t, accelBin, demoBin, []string{"GOACCEL_GRADIENT_COMPRESSION=" + format},
 				"-batch", "32", "-limit", "12000", "-epochs", "1", "-k", "2", "-quiet", "-seed", seed)
 			runs[format] = append(runs[format], s)
-			meanAccuracy[format] += s.TestAccuracy / float64(len(seeds))
+			meanAccuracy[format] += float64(s.TestAccuracy) / float64(len(seeds))
 		}
 	}
 	for _, format := range []string{"bf16", "fp16"} {

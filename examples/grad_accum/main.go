@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -176,6 +177,23 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return cfg, nil
 }
 
+// checkWritable opens path for writing, creating it if needed, without changing what it holds (a resumed
+// run's log keeps its records); a file it created is removed again, for the tracker to create.
+func checkWritable(path string) error {
+	_, statErr := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if errors.Is(statErr, fs.ErrNotExist) {
+		return os.Remove(path)
+	}
+	return nil
+}
+
 // checkOutputFile refuses, before any training, a path that cannot become a file: a directory, or one
 // whose parent directory does not exist.
 func checkOutputFile(path string) error {
@@ -228,6 +246,14 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		}
 	}()
 
+	if cfg.log != "" && acc.IsMainProcess() {
+		// The tracker creates the log at its first record, after loading and a first optimizer step: a log
+		// that cannot be written fails here, when the job starts, as -checkpoints does.
+		if err := checkWritable(cfg.log); err != nil {
+			return fmt.Errorf("-log: %w", err)
+		}
+	}
+
 	trainSet, testSet, err := fashionmnist.Load(cfg.dataDir, fashionmnist.Limit(cfg.limit))
 	if err != nil {
 		return err
@@ -258,12 +284,20 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 	// the training's alone.
 	stats, microBatchCompute := acc.Stats(), res.model.ComputeTime()
 
-	finalLoss, err := res.globalLastEpochLoss(acc)
+	finalLoss, trained, err := res.globalLastEpochLoss(acc)
 	if err != nil {
 		return err
 	}
+	// A diverged run (every process knows the global loss, so all decide alike) reports no test accuracy:
+	// it would describe a model that training destroyed, and read as a result. The summary's test_accuracy
+	// is null then. A run that had nothing left to train (resumed after its last epoch) has a loss only
+	// if its checkpoint kept the last epoch's.
+	var diverged error
+	if trained && (math.IsNaN(finalLoss) || math.IsInf(finalLoss, 0)) {
+		diverged = fmt.Errorf("training diverged: the last epoch's mean loss is %g; try a smaller -lr", finalLoss)
+	}
 	accuracy := res.lastAccuracy
-	if !cfg.evalEachEpoch || res.stoppedEarly {
+	if diverged == nil && (!cfg.evalEachEpoch || res.stoppedEarly) {
 		// Evaluated once, at the end (with -eval-each-epoch, the last epoch's evaluation is the end's).
 		if accuracy, err = evaluate(acc, res.model, testSet); err != nil {
 			return err
@@ -273,7 +307,12 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		}
 		res.best.observe(accuracy, cfg.epochs)
 	}
-	acc.Printf("test accuracy: %.4f on %d examples\n", accuracy, testSet.Len())
+	if diverged != nil {
+		accuracy = math.NaN()
+		acc.Printf("test accuracy: not reported, training diverged\n")
+	} else {
+		acc.Printf("test accuracy: %.4f on %d examples\n", accuracy, testSet.Len())
+	}
 	if cfg.evalEachEpoch {
 		acc.Printf("best test accuracy: %.4f, after epoch %d\n", res.best.accuracy, res.best.epoch)
 	}
@@ -283,12 +322,8 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 		}
 		acc.Printf("loss curve written to %s\n", cfg.plot)
 	}
-	// A diverged run still reports what it did (final_loss is null in the summary), but it failed: scripts
-	// must not take its exit code for success. Every process knows the global loss, so all fail alike.
-	var diverged error
-	if math.IsNaN(finalLoss) || math.IsInf(finalLoss, 0) {
-		diverged = fmt.Errorf("training diverged: the last epoch's mean loss is %g; try a smaller -lr", finalLoss)
-	}
+	// A diverged run still reports what it did (final_loss and test_accuracy are null in the summary), but
+	// it failed: scripts must not take its exit code for success.
 	if !acc.IsMainProcess() {
 		return diverged
 	}

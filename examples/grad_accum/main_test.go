@@ -241,18 +241,72 @@ func TestRealDataset(t *testing.T) {
 	require.Equal(t, exitOK, code, "stderr: %s", stderr)
 	s := parseSummary(t, stdout)
 	assert.Equal(t, 2000, s.TrainExamples)
-	assert.Greater(t, s.TestAccuracy, 0.5)
+	assert.Greater(t, float64(s.TestAccuracy), 0.5)
 }
 
 // TestDivergedRunFails: a run whose loss ends NaN or infinite still prints its summary (final_loss null)
-// but exits non-zero with a message saying it diverged.
+// but exits non-zero with a message saying it diverged, and reports no test accuracy (null in the
+// summary), with or without -eval-each-epoch: the destroyed model's score is no result.
 func TestDivergedRunFails(t *testing.T) {
 	dir := writeFakeDataset(t, 64, 16)
-	code, stdout, stderr := runMain(t, "-data", dir, "-epochs", "1", "-batch", "8", "-k", "1", "-hidden", "8",
-		"-lr", "1e38", "-quiet")
-	assert.Equal(t, exitError, code, "stdout: %s\nstderr: %s", stdout, stderr)
-	assert.Contains(t, stderr, "training diverged")
-	assert.Contains(t, lastLine(stdout), `"final_loss":null`)
+	for _, extra := range [][]string{nil, {"-eval-each-epoch"}} {
+		args := append([]string{"-data", dir, "-epochs", "1", "-batch", "8", "-k", "1", "-hidden", "8", "-lr", "1e38",
+			"-quiet"}, extra...)
+		code, stdout, stderr := runMain(t, args...)
+		assert.Equal(t, exitError, code, "%v\nstdout: %s\nstderr: %s", extra, stdout, stderr)
+		assert.Contains(t, stderr, "training diverged")
+		assert.Contains(t, lastLine(stdout), `"final_loss":null`)
+		assert.Contains(t, lastLine(stdout), `"test_accuracy":null`, "%v", extra)
+		assert.Contains(t, stdout, "test accuracy: not reported, training diverged\n")
+		assert.NotRegexp(t, `(?m)^test accuracy: \d`, stdout, "%v", extra)
+	}
+}
+
+// TestUnwritableLogStopsBeforeTraining: -log naming a file that cannot be created fails when the job
+// starts, with the path, before the data is loaded, as -checkpoints does; a log that can be written is
+// neither created nor changed by the check.
+func TestUnwritableLogStopsBeforeTraining(t *testing.T) {
+	if _, err := os.Stat("/proc/self"); err != nil {
+		t.Skip("needs /proc, where no file can be created")
+	}
+	code, stdout, stderr := runMain(t, "-data", t.TempDir(), "-epochs", "1", "-log", "/proc/nope.csv")
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "-log: open /proc/nope.csv")
+	assert.NotContains(t, stderr, fashionmnist.DebianPackage, "the data is not loaded first")
+	assert.NotContains(t, stdout, "epoch 1/1")
+
+	existing := filepath.Join(t.TempDir(), "log.jsonl")
+	require.NoError(t, os.WriteFile(existing, []byte("{\"step\":1}\n"), 0o644))
+	missing := filepath.Join(t.TempDir(), "new.jsonl")
+	for _, path := range []string{existing, missing} {
+		require.NoError(t, checkWritable(path))
+	}
+	data, err := os.ReadFile(existing)
+	require.NoError(t, err)
+	assert.Equal(t, "{\"step\":1}\n", string(data))
+	assert.NoFileExists(t, missing)
+}
+
+// TestResumedWithNothingLeftKeepsTheLoss: a run resumed from a checkpoint saved after its last epoch, with
+// as many epochs or fewer, trains nothing and reports the final loss the checkpoint kept (the last epoch
+// trained, as the run that saved it reported it), not 0.
+func TestResumedWithNothingLeftKeepsTheLoss(t *testing.T) {
+	dir := writeFakeDataset(t, 32, 8)
+	for _, epochs := range []string{"2", "1"} {
+		t.Run("-epochs "+epochs, func(t *testing.T) {
+			ckpt := filepath.Join(t.TempDir(), "ckpt")
+			args := []string{"-data", dir, "-batch", "4", "-k", "2", "-hidden", "8", "-quiet", "-checkpoints", ckpt}
+			code, stdout, stderr := runMain(t, append(args, "-epochs", "2")...)
+			require.Equal(t, exitOK, code, "stderr: %s", stderr)
+			first := parseSummary(t, stdout)
+			code, stdout, stderr = runMain(t, append(args, "-epochs", epochs, "-resume")...)
+			require.Equal(t, exitOK, code, "stderr: %s", stderr)
+			resumed := parseSummary(t, stdout)
+			assert.Zero(t, resumed.MicroBatches, "nothing was left to train")
+			assert.Equal(t, first.FinalLoss, resumed.FinalLoss)
+			assert.NotContains(t, lastLine(stdout), `"final_loss":0,`)
+		})
+	}
 }
 
 // TestModelDefaults: each model has its own default number of epochs; an explicit -epochs wins.

@@ -40,12 +40,16 @@ type summary struct {
 	// MicroBatches, what one micro-batch's forward and backward cost on this process.
 	MicroBatchComputeSeconds float64 `json:"micro_batch_compute_seconds"`
 	TrainExamples            int     `json:"train_examples"`
-	TestAccuracy             float64 `json:"test_accuracy"`
-	BestTestAccuracy         float64 `json:"best_test_accuracy"` // the best epoch's with -eval-each-epoch
+	// TestAccuracy is null for a diverged run, which is not evaluated.
+	TestAccuracy     jsonFloat `json:"test_accuracy"`
+	BestTestAccuracy float64   `json:"best_test_accuracy"` // the best epoch's with -eval-each-epoch
 	// RestartCount is how many times `accel launch --max-restarts` restarted the job before this run.
-	RestartCount int       `json:"restart_count"`
-	FinalLoss    jsonFloat `json:"final_loss"` // mean training loss of the last epoch, all processes
-	Model        string    `json:"model"`
+	RestartCount int `json:"restart_count"`
+	// FinalLoss is the mean training loss of the last epoch, all processes; null when it is not a number
+	// (a diverged run) or when there is none (a run resumed after its last epoch from a checkpoint that
+	// does not keep it).
+	FinalLoss jsonFloat `json:"final_loss"`
+	Model     string    `json:"model"`
 	// TrainSeconds is the wall time of the training loop alone (no data loading, no evaluation), and
 	// ExamplesPerSecond the job's throughput over it: every process's examples, every epoch.
 	TrainSeconds      float64 `json:"train_seconds"`
@@ -74,7 +78,7 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		ComputeSeconds:           seconds(stats.ComputeTime),
 		MicroBatchComputeSeconds: seconds(microBatchCompute),
 		TrainExamples:            trainExamples,
-		TestAccuracy:             accuracy,
+		TestAccuracy:             jsonFloat(accuracy),
 		BestTestAccuracy:         best,
 		RestartCount:             acc.RestartCount(),
 		FinalLoss:                jsonFloat(finalLoss),

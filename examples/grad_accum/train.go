@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
@@ -135,7 +136,10 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 		}
 	}
 
-	res := &trainResult{model: model, best: best}
+	// A run resumed after its last epoch trains nothing: its last epoch's loss is the one the checkpoint
+	// kept (the running sums are reset only when an epoch starts).
+	res := &trainResult{model: model, best: best, lastEpochLossSum: running.epochLossSum,
+		lastEpochBatches: running.epochBatches}
 	ran := 0          // micro-batches of this run
 	lastSavedAt := -1 // ran at this run's newest checkpoint, -1 when something changed since
 	save := func() error {
@@ -255,16 +259,17 @@ func rankNote(acc *accel.Accelerator) string {
 }
 
 // globalLastEpochLoss is the mean training loss of the last epoch over every process's micro-batches: one
-// small all-reduce, done once, so it does not blur the training's communication counters.
-func (r *trainResult) globalLastEpochLoss(acc *accel.Accelerator) (float64, error) {
+// small all-reduce, done once, so it does not blur the training's communication counters. trained is
+// false, and the loss NaN, when no process has a micro-batch of the last epoch to average.
+func (r *trainResult) globalLastEpochLoss(acc *accel.Accelerator) (loss float64, trained bool, err error) {
 	local := tensors.FromValue([]float64{r.lastEpochLossSum, float64(r.lastEpochBatches)})
 	total, err := acc.Reduce(local, accel.Sum)
 	if err != nil {
-		return 0, fmt.Errorf("averaging the final loss: %w", err)
+		return 0, false, fmt.Errorf("averaging the final loss: %w", err)
 	}
 	sums := tensors.MustCopyFlatData[float64](total)
 	if sums[1] == 0 {
-		return 0, nil
+		return math.NaN(), false, nil
 	}
-	return sums[0] / sums[1], nil
+	return sums[0] / sums[1], true, nil
 }
