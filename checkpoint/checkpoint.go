@@ -56,7 +56,7 @@ type Writer func(dir string) error
 // counts against keep.
 func Write(root string, keep int, fill Writer) (string, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", fmt.Errorf("checkpoint: creating %s: %w", root, err)
+		return "", unusableRoot(root, err)
 	}
 	removeStaleTemps(root)
 	existing, err := listNamed(root)

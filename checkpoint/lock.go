@@ -47,7 +47,7 @@ func (e *HeldError) Error() string {
 // the job ends; the kernel releases it if the process dies first.
 func Acquire(root string) (*Lock, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", root, err)
+		return nil, unusableRoot(root, err)
 	}
 	path := filepath.Join(root, LockFile)
 	if err := checkLockPath(path); err != nil {
@@ -131,6 +131,72 @@ func describeMode(mode fs.FileMode) string {
 		return "a device"
 	}
 	return "not a regular file"
+}
+
+// unusableRoot is the error for a root that MkdirAll could not create. A symlink that cannot be followed,
+// as root or on the way to it, makes MkdirAll say only "file exists": the error says what it is instead.
+func unusableRoot(root string, err error) error {
+	if link, what := brokenSymlink(root); link != "" {
+		return fmt.Errorf("checkpoint: %s cannot hold checkpoints: %s is %s", root, link, what)
+	}
+	return fmt.Errorf("checkpoint: %s cannot hold checkpoints: %w", root, err)
+}
+
+// maxSymlinkHops bounds how far brokenSymlink follows a chain of symlinks, as the kernel does (40 on Linux).
+const maxSymlinkHops = 40
+
+// brokenSymlink finds, from path up to its root, the first symlink that cannot be followed, and says what
+// it is: "a symlink loop (x → y → x)", "a dangling symlink to t, which does not exist", or a symlink to a
+// target that cannot be read. It returns "" when there is none.
+func brokenSymlink(path string) (link, what string) {
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if info, err := os.Lstat(p); err == nil && info.Mode()&fs.ModeSymlink != 0 {
+			if _, err := os.Stat(p); err != nil {
+				return p, describeBrokenSymlink(p, err)
+			}
+		}
+		if parent := filepath.Dir(p); parent == p {
+			return "", ""
+		}
+	}
+}
+
+// describeBrokenSymlink follows the symlink at link, whose os.Stat failed with err, to say why.
+func describeBrokenSymlink(link string, err error) string {
+	chain := []string{link}
+	seen := map[string]bool{link: true}
+	for p := link; len(chain) <= maxSymlinkHops; {
+		target, rerr := os.Readlink(p)
+		if rerr != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(p), target)
+		}
+		target = filepath.Clean(target)
+		chain = append(chain, target)
+		if seen[target] {
+			return fmt.Sprintf("a symlink loop (%s)", strings.Join(chain, " → "))
+		}
+		seen[target] = true
+		info, lerr := os.Lstat(target)
+		switch {
+		case errors.Is(lerr, fs.ErrNotExist):
+			if len(chain) == 2 {
+				return fmt.Sprintf("a dangling symlink to %s, which does not exist", target)
+			}
+			return fmt.Sprintf("a dangling symlink (%s, which does not exist)", strings.Join(chain, " → "))
+		case lerr != nil || info.Mode()&fs.ModeSymlink == 0:
+			// A target that exists but cannot be followed: a loop through a directory on its path, or no
+			// permission.
+			return fmt.Sprintf("a symlink that cannot be followed (%s): %v", strings.Join(chain, " → "), err)
+		}
+		p = target
+	}
+	if len(chain) > maxSymlinkHops {
+		return fmt.Sprintf("a chain of more than %d symlinks (%s → …)", maxSymlinkHops, strings.Join(chain[:3], " → "))
+	}
+	return fmt.Sprintf("a symlink that cannot be followed: %v", err)
 }
 
 // Root is the directory the lock holds.
