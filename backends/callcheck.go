@@ -74,17 +74,28 @@ func (r callRecord) String() string {
 	return fmt.Sprintf("%s of %s[%d]", op, ElementKind(r[1]), r[2])
 }
 
+// callOf is the record of a collective: its operation, this rank's buffer (the block it contributes) and
+// the root of a broadcast (-1 otherwise). Every collective carries one, so that an engine's error can say
+// what this rank called ("all-gather of uint8[2048]") even when call checks are off.
+func callOf(op Op, bi Buffer, root int) callRecord {
+	if op == OpBarrier {
+		return callRecord{int64(op), 0, 0, 0}
+	}
+	return callRecord{int64(op), int64(bi.Kind), int64(bi.Len), int64(root)}
+}
+
+// op is the record's operation.
+func (r callRecord) op() Op { return Op(r[0]) }
+
 // checkCall verifies, when call checks are on, that every rank is about to call the same collective.
 func (c *Communicator) checkCall(op Op, bi Buffer, root int) error {
 	if !c.CallChecks() || c.Size() == 1 {
 		return nil
 	}
-	mine := callRecord{int64(op), int64(bi.Kind), int64(bi.Len), int64(root)}
-	if op == OpBarrier {
-		mine = callRecord{int64(op), 0, 0, 0}
-	}
+	mine := callOf(op, bi, root)
 	all := make([]int64, len(mine)*c.Size())
-	p, err := c.start(OpAllGather, len(mine)*8, func() (Request, error) { return c.engine.StartAllGather(BufferOf(mine[:]), BufferOf(all)) })
+	send := BufferOf(mine[:])
+	p, err := c.start(callOf(OpAllGather, send, -1), send.Bytes, func() (Request, error) { return c.engine.StartAllGather(send, BufferOf(all)) })
 	if err != nil {
 		return err
 	}

@@ -100,6 +100,8 @@ type TimeoutError struct {
 	Rank    int
 	Context string // what the caller was doing (for example "optimizer step 12"), when known.
 	Seq     int64  // the collective's number on this rank, from 1 (0: unknown)
+	// Call is what this rank called ("all-gather of uint8[8]"; empty: unknown): a rank knows only its own.
+	Call string
 }
 
 func (e *TimeoutError) Error() string {
@@ -112,8 +114,12 @@ func (e *TimeoutError) Error() string {
 		number = fmt.Sprintf("collective #%d (", e.Seq)
 		where += ")"
 	}
+	called := ""
+	if e.Call != "" {
+		called = fmt.Sprintf(" (rank %d was in %s)", e.Rank, e.Call)
+	}
 	return fmt.Sprintf("backends: rank %d: %s%s of %d bytes%s did not complete within %s: another rank "+
-		"failed, hangs, or called a different collective", e.Rank, number, e.Op, e.Bytes, where, e.After)
+		"failed, hangs, or called a different collective%s", e.Rank, number, e.Op, e.Bytes, where, e.After, called)
 }
 
 // ErrClosed is returned by collectives on a closed Communicator.
@@ -267,6 +273,7 @@ type Pending struct {
 	comm    *Communicator
 	req     Request
 	op      Op
+	call    callRecord // what this rank called, for errors
 	bytes   int
 	seq     int64 // this collective's number on this rank, from 1 (see CollectiveError)
 	started time.Time
@@ -291,7 +298,9 @@ func (p *Pending) Wait() error {
 	return p.err
 }
 
-func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) (*Pending, error) {
+// start starts the collective call describes, of bytes from this rank, with startFn.
+func (c *Communicator) start(call callRecord, bytes int, startFn func() (Request, error)) (*Pending, error) {
+	op := call.op()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -308,7 +317,7 @@ func (c *Communicator) start(op Op, bytes int, startFn func() (Request, error)) 
 	c.stats.PerOp[op].Calls++
 	c.stats.PerOp[op].Bytes += int64(bytes)
 	c.seq++
-	return &Pending{comm: c, req: req, op: op, bytes: bytes, seq: c.seq, started: time.Now()}, nil
+	return &Pending{comm: c, req: req, op: op, call: call, bytes: bytes, seq: c.seq, started: time.Now()}, nil
 }
 
 // busyPollFor is how long a wait polls without sleeping. Engines progress only inside Test (Open MPI's
@@ -389,7 +398,7 @@ func (c *Communicator) wait(p *Pending) error {
 			}
 			c.mu.Unlock()
 			if err != nil {
-				cerr := &CollectiveError{Op: p.op, Bytes: p.bytes, Seq: p.seq, Err: err}
+				cerr := &CollectiveError{Op: p.op, Bytes: p.bytes, Seq: p.seq, Call: p.call.String(), Rank: c.engine.Rank(), Err: err}
 				c.mu.Lock()
 				if c.describe != nil {
 					cerr.Context = c.describe()
@@ -413,7 +422,8 @@ func (c *Communicator) wait(p *Pending) error {
 		}
 		if now.After(deadline) {
 			c.mu.Lock()
-			terr := &TimeoutError{Op: p.op, Bytes: p.bytes, After: c.timeout, Rank: c.engine.Rank(), Seq: p.seq}
+			terr := &TimeoutError{Op: p.op, Bytes: p.bytes, After: c.timeout, Rank: c.engine.Rank(), Seq: p.seq,
+				Call: p.call.String()}
 			if c.describe != nil {
 				terr.Context = c.describe()
 			}
@@ -440,7 +450,7 @@ func (c *Communicator) AllReduceSumAsync(b Buffer) (*Pending, error) {
 	if err := c.checkCall(OpAllReduce, b, -1); err != nil {
 		return nil, err
 	}
-	return c.start(OpAllReduce, b.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(b) })
+	return c.start(callOf(OpAllReduce, b, -1), b.Bytes, func() (Request, error) { return c.engine.StartAllReduceSum(b) })
 }
 
 // AllReduceSum sums buf in place across ranks.
@@ -463,7 +473,7 @@ func (c *Communicator) ReduceScatterSumAsync(send, recv Buffer) (*Pending, error
 	if err := c.checkCall(OpReduceScatter, s, -1); err != nil {
 		return nil, err
 	}
-	return c.start(OpReduceScatter, s.Bytes, func() (Request, error) { return c.engine.StartReduceScatterSum(s, r) })
+	return c.start(callOf(OpReduceScatter, s, -1), s.Bytes, func() (Request, error) { return c.engine.StartReduceScatterSum(s, r) })
 }
 
 // ReduceScatterSum is ReduceScatterSumAsync and Wait.
@@ -502,7 +512,7 @@ func (c *Communicator) Broadcast(b Buffer, root int) error {
 	if err := c.checkCall(OpBroadcast, b, root); err != nil {
 		return err
 	}
-	p, err := c.start(OpBroadcast, b.Bytes, func() (Request, error) { return c.engine.StartBroadcast(b, root) })
+	p, err := c.start(callOf(OpBroadcast, b, root), b.Bytes, func() (Request, error) { return c.engine.StartBroadcast(b, root) })
 	if err != nil {
 		return err
 	}
@@ -519,7 +529,7 @@ func (c *Communicator) AllGatherAsync(send, recv Buffer) (*Pending, error) {
 	if err := c.checkCall(OpAllGather, s, -1); err != nil {
 		return nil, err
 	}
-	return c.start(OpAllGather, s.Bytes, func() (Request, error) { return c.engine.StartAllGather(s, r) })
+	return c.start(callOf(OpAllGather, s, -1), s.Bytes, func() (Request, error) { return c.engine.StartAllGather(s, r) })
 }
 
 // AllGather gathers every rank's send into recv, ordered by rank. len(recv) must be Size()*len(send).
@@ -536,7 +546,7 @@ func (c *Communicator) Barrier() error {
 	if err := c.checkCall(OpBarrier, Buffer{}, -1); err != nil {
 		return err
 	}
-	p, err := c.start(OpBarrier, 0, c.engine.StartBarrier)
+	p, err := c.start(callOf(OpBarrier, Buffer{}, -1), 0, c.engine.StartBarrier)
 	if err != nil {
 		return err
 	}
@@ -551,23 +561,35 @@ func (c *Communicator) Abort(code int) {
 
 // CollectiveError is a collective the engine failed (Open MPI's MPI_ERR_TRUNCATE when the ranks called
 // different collectives with buffers of different sizes). It says which of this rank's collectives it was,
-// counted from 1, so that the ranks' errors side by side show where they went out of step.
+// counted from 1, and what this rank called there, so that the ranks' errors side by side show where they
+// went out of step and what each called. A rank knows only its own call: the other ranks' are in their own
+// errors, and the debug mode (CallChecksEnvVar) compares every rank's call before it is made.
 type CollectiveError struct {
-	Op      Op
-	Bytes   int
-	Seq     int64
+	Op    Op
+	Bytes int
+	Seq   int64
+	// Call is what this rank called: "all-gather of uint8[2048]", "broadcast of float32[10] from root 0",
+	// "barrier" (empty: unknown, and Op and Bytes say it).
+	Call string
+	// Rank is this rank.
+	Rank    int
 	Context string // what the caller was doing (for example "saving state"), when known
 	Err     error
 }
 
 func (e *CollectiveError) Error() string {
+	call := e.Call
+	if call == "" {
+		call = fmt.Sprintf("%s of %d bytes", e.Op, e.Bytes)
+	}
 	where := ""
 	if e.Context != "" {
 		where = " during " + e.Context
 	}
-	return fmt.Sprintf("backends: collective #%d (%s of %d bytes%s) failed: %v: the ranks may have called "+
-		"different collectives here (compare the collective numbers in the other ranks' errors)", e.Seq, e.Op,
-		e.Bytes, where, e.Err)
+	return fmt.Sprintf("backends: collective #%d (%s%s) failed on rank %d: %v; the ranks may have called "+
+		"different collectives here (rank %d was in %s; the other ranks' errors say what each called, "+
+		"compare their collective numbers; %s=1 compares every call before it is made)", e.Seq, call, where,
+		e.Rank, e.Err, e.Rank, call, CallChecksEnvVar)
 }
 
 func (e *CollectiveError) Unwrap() error { return e.Err }
