@@ -275,7 +275,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	}
 	// Scaling the scalar loss scales every gradient alike, for one multiply instead of a pass over every
 	// gradient byte per micro-batch (which the pure-Go backend runs as a broadcast and a multiply).
-	grads := Gradient(Mul(loss, ConvertDType(scale, loss.DType())), values...)
+	grads := differentiate(Mul(loss, ConvertDType(scale, loss.DType())), values)
 	flats := bucketgraph.Flatten(m.plan, grads)
 	for b, acc := range m.buckets {
 		acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
@@ -289,6 +289,21 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 		}
 	}
 	return out
+}
+
+// differentiate is GoMLX's Gradient of loss with respect to values, whose panic — an operation of the
+// model without a gradient names itself there — says that it arose while differentiating, not while the
+// model function ran.
+func differentiate(loss *Node, values []*Node) (grads []*Node) {
+	defer func() {
+		if r := recover(); r != nil {
+			if err, ok := r.(error); ok {
+				panic(fmt.Errorf("differentiating the loss: %w", err))
+			}
+			panic(fmt.Sprintf("differentiating the loss: %v", r))
+		}
+	}()
+	return Gradient(loss, values...)
 }
 
 // planFromGraph runs once, while the first training graph is built: the model function has just created
