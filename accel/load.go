@@ -2,6 +2,7 @@ package accel
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/gob"
 	"errors"
 	"fmt"
@@ -162,6 +163,7 @@ type loadPlan struct {
 	skipped  []string
 	state    savedState
 	values   []map[*context.Variable]*tensors.Tensor // per model
+	rng      [][]uint64                              // per model, this rank's generator state (nil: keep)
 	accums   []accumulate.ReducerState               // per model, this rank's accumulators
 	loaders  []prepare.LoaderState                   // per checkpointed loader
 	gradient accumulate.Position
@@ -320,11 +322,16 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 	}
 	plan.gradient, plan.accums = cycle.Position, cycle.Reducers
 	for i, m := range a.models {
-		values, err := matchVariables(m, p.Models[i].Variables)
+		values, savedRNG, err := matchVariables(m, p.Models[i].Variables)
 		if err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
 		plan.values = append(plan.values, values)
+		rng, err := a.rngStateFor(m, s.Models[i].RNGStates, savedRNG)
+		if err != nil {
+			return fmt.Errorf("model %d: %w", i, err)
+		}
+		plan.rng = append(plan.rng, rng)
 	}
 	loaders := a.checkpointedLoaders()
 	for i, l := range loaders {
@@ -436,39 +443,87 @@ func (a *Accelerator) compatible(s savedState) error {
 }
 
 // matchVariables pairs the saved variables with the model's: the same names, and each with the same
-// dtype and shape. It returns the values to set.
-func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Variable]*tensors.Tensor, error) {
+// dtype and shape. It returns the values to set, and the random number generator state among the saved
+// variables (rank 0's; nil when there is none), which is not a replicated variable.
+func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Variable]*tensors.Tensor, []uint64, error) {
 	live := map[string]*context.Variable{}
 	for _, v := range m.ReplicatedVariables() {
 		live[v.ParameterName()] = v
 	}
 	values := make(map[*context.Variable]*tensors.Tensor, len(saved))
+	var rng []uint64
 	for _, sv := range saved {
+		if sv.Name == prepare.RNGStateParameterName {
+			var err error
+			if rng, err = savedRNGState(sv); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
 		v, ok := live[sv.Name]
 		if !ok {
-			return nil, fmt.Errorf("the checkpoint holds variable %q, which this run does not have: it was saved "+
-				"with another model or optimizer", sv.Name)
+			return nil, nil, fmt.Errorf("the checkpoint holds variable %q, which this run does not have: it was "+
+				"saved with another model or optimizer", sv.Name)
 		}
 		got, want := shapes.Make(sv.DType, sv.Dims...), v.Shape()
 		if !got.Equal(want) {
-			return nil, fmt.Errorf("variable %q is %s in the checkpoint and %s in this run", sv.Name, got, want)
+			return nil, nil, fmt.Errorf("variable %q is %s in the checkpoint and %s in this run", sv.Name, got, want)
 		}
 		if int64(len(sv.Data)) != int64(got.Memory()) {
-			return nil, fmt.Errorf("variable %q has %d bytes in the checkpoint, its shape %s needs %d", sv.Name,
+			return nil, nil, fmt.Errorf("variable %q has %d bytes in the checkpoint, its shape %s needs %d", sv.Name,
 				len(sv.Data), got, got.Memory())
 		}
 		t := tensors.FromShape(got)
 		if err := t.MutableBytes(func(data []byte) { copy(data, sv.Data) }); err != nil {
-			return nil, fmt.Errorf("variable %q: %w", sv.Name, err)
+			return nil, nil, fmt.Errorf("variable %q: %w", sv.Name, err)
 		}
 		values[v] = t
 	}
 	for _, v := range m.ReplicatedVariables() {
 		if _, ok := values[v]; !ok {
-			return nil, fmt.Errorf("the checkpoint has no variable %q, which this run has", v.ParameterName())
+			return nil, nil, fmt.Errorf("the checkpoint has no variable %q, which this run has", v.ParameterName())
 		}
 	}
-	return values, nil
+	return values, rng, nil
+}
+
+// savedRNGState reads the generator state GoMLX's checkpoints package saved with the variables.
+func savedRNGState(sv savedVariable) ([]uint64, error) {
+	got := shapes.Make(sv.DType, sv.Dims...)
+	if sv.DType != dtypes.Uint64 || uintptr(len(sv.Data)) != got.Memory() {
+		return nil, fmt.Errorf("variable %q is %s of %d bytes in the checkpoint, not a random number generator "+
+			"state", sv.Name, got, len(sv.Data))
+	}
+	state := make([]uint64, len(sv.Data)/8)
+	for i := range state {
+		state[i] = binary.LittleEndian.Uint64(sv.Data[8*i:])
+	}
+	if err := prepare.CheckRNGState(state); err != nil {
+		return nil, fmt.Errorf("variable %q: %w", sv.Name, err)
+	}
+	return state, nil
+}
+
+// rngStateFor is the random number generator state this rank takes for model m from a checkpoint: saved
+// holds every saving rank's (see savedModel.RNGStates) and rank0 the one among the variables, all that
+// checkpoints of earlier versions hold. Rank r takes saved rank r's state, or, where the saving run had no
+// rank r, one derived from saved rank 0's and r (prepare.RankRNGState). nil leaves the model's own: the
+// model draws no random numbers, or the checkpoint holds no state.
+func (a *Accelerator) rngStateFor(m *prepare.Model, saved [][]uint64, rank0 []uint64) ([]uint64, error) {
+	if m.RNGVariable() == nil {
+		return nil, nil
+	}
+	if len(saved) == 0 && rank0 != nil {
+		saved = [][]uint64{rank0}
+	}
+	if len(saved) == 0 {
+		return nil, nil
+	}
+	state, err := prepare.RankRNGState(saved, a.Rank())
+	if err != nil {
+		return nil, fmt.Errorf("random number generator state: %w", err)
+	}
+	return state, nil
 }
 
 // applyLoad sets a validated checkpoint.
@@ -478,6 +533,11 @@ func (a *Accelerator) applyLoad(plan *loadPlan) error {
 		for v, t := range plan.values[i] {
 			if err := v.SetValue(t); err != nil {
 				return fmt.Errorf("accel: loading state: setting variable %q: %w", v.ScopeAndName(), err)
+			}
+		}
+		if plan.rng[i] != nil {
+			if err := m.SetRNGState(plan.rng[i]); err != nil {
+				return fmt.Errorf("accel: loading state: model %d: %w", i, err)
 			}
 		}
 		if err := m.Reducer().Restore(plan.accums[i]); err != nil {

@@ -1,11 +1,13 @@
 package accel
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/context/checkpoints"
@@ -13,6 +15,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 	"github.com/goaccel/goaccel/userstate"
 )
@@ -59,6 +62,10 @@ type savedModel struct {
 	Plan []string `json:"plan"`
 	// Whether the accumulators (accumulators.bin, every rank's) hold a partial cycle.
 	accumulate.SavedAccumulators
+	// RNGStates are every rank's random number generator state (GoMLX's, which dropout draws from), by
+	// rank; absent for a model that draws no random numbers and in checkpoints of earlier versions, whose
+	// variables hold only rank 0's (see prepare.RankRNGState for what each rank of a resumed run takes).
+	RNGStates [][]uint64 `json:"rng_states,omitempty"`
 }
 
 type savedOptimizer struct {
@@ -139,7 +146,8 @@ func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLi
 
 // SaveState writes a checkpoint of everything needed to resume exactly: model variables and optimizer
 // state (through GoMLX's checkpoints package), the optimizer step counts, the position inside the
-// accumulation cycle with every rank's partial gradients, GoMLX's RNG state, each data loader's epoch and
+// accumulation cycle with every rank's partial gradients, every rank's random number generator state (what
+// dropout draws from), each data loader's epoch and
 // place in it (the examples of the epoch's order the job consumed; after the epoch's last batch, the next
 // epoch's start), the values registered with RegisterForCheckpointing, and the run's configuration. It
 // creates dir/checkpoint-NNNNNNNN atomically (see package checkpoint) and returns its path.
@@ -160,6 +168,9 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	for i, m := range a.models {
 		if accumulators[i], err = m.Reducer().GatherState(reducers[i]); err != nil {
 			return "", fmt.Errorf("accel: saving state: %w", err)
+		}
+		if state.Models[i].RNGStates, err = a.gatherRNGStates(m); err != nil {
+			return "", fmt.Errorf("accel: saving state: model %d: %w", i, err)
 		}
 	}
 	user, err := a.userState.Collect(a.comm)
@@ -231,6 +242,55 @@ func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, err
 			Examples: l.SourceLen()})
 	}
 	return s, reducers, nil
+}
+
+// gatherRNGStates gives every rank each rank's random number generator state for model m, nil when the
+// model has none. Every rank returns the same result: a rank that cannot read its state sends none, and
+// every rank then refuses the gathered states alike. Collective.
+func (a *Accelerator) gatherRNGStates(m *prepare.Model) ([][]uint64, error) {
+	state, localErr := m.RNGState()
+	data := make([]byte, 0, 8*len(state))
+	for _, w := range state {
+		data = binary.LittleEndian.AppendUint64(data, w)
+	}
+	all, err := replicas.AllGatherBytes(a.comm, data)
+	if err != nil {
+		return nil, err
+	}
+	if localErr != nil {
+		return nil, localErr
+	}
+	states := make([][]uint64, len(all))
+	missing := 0
+	for r, data := range all {
+		if len(data) == 0 {
+			missing++
+			continue
+		}
+		states[r] = make([]uint64, len(data)/8)
+		for i := range states[r] {
+			states[r][i] = binary.LittleEndian.Uint64(data[8*i:])
+		}
+		if len(data)%8 != 0 {
+			return nil, fmt.Errorf("rank %d's random number generator state is %d bytes", r, len(data))
+		}
+		if err := prepare.CheckRNGState(states[r]); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	switch missing {
+	case 0:
+		return states, nil
+	case len(all):
+		return nil, nil
+	}
+	for r, data := range all {
+		if len(data) == 0 {
+			return nil, fmt.Errorf("rank %d has no random number generator state, rank %d has one", r,
+				slices.IndexFunc(all, func(d []byte) bool { return len(d) > 0 }))
+		}
+	}
+	return nil, nil
 }
 
 // checkpointedLoaders are the prepared loaders whose positions checkpoints hold, in order.

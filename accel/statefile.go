@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // parseState decodes a checkpoint's state.json and checks it before anything reads it: every field its
@@ -37,6 +39,9 @@ func parseState(data []byte) (savedState, error) {
 	for i, m := range raw.Models {
 		if err := hasFields(fmt.Sprintf("model %d: ", i), m, "dir", "plan", "accumulating"); err != nil {
 			return s, err
+		}
+		if _, ok := m["rng_states"]; ok && s.Format == 1 {
+			return s, fmt.Errorf("model %d: state format 1 with format %d's field \"rng_states\"", i, stateFormat)
 		}
 	}
 	for i, o := range raw.Optimizers {
@@ -88,6 +93,16 @@ func checkStateRanges(s savedState) error {
 	for i, m := range s.Models {
 		if m.Dir == "" || len(m.Plan) == 0 {
 			return fmt.Errorf("model %d has no directory or no plan", i)
+		}
+		// Every rank's generator state, or none (a model that draws no random numbers, an older checkpoint).
+		if m.RNGStates != nil && len(m.RNGStates) != s.WorldSize {
+			return fmt.Errorf("model %d has the random number generator states of %d ranks, saved by %d processes",
+				i, len(m.RNGStates), s.WorldSize)
+		}
+		for r, state := range m.RNGStates {
+			if err := prepare.CheckRNGState(state); err != nil {
+				return fmt.Errorf("model %d, rank %d: %w", i, r, err)
+			}
 		}
 	}
 	for i, o := range s.Optimizers {

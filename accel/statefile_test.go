@@ -38,15 +38,33 @@ func edit(t testing.TB, data []byte, fn func(map[string]any)) []byte {
 
 func loader0(m map[string]any) map[string]any { return m["loaders"].([]any)[0].(map[string]any) }
 
-// TestParseState: state.json as SaveState writes it (both formats) is read; a file relabelled to the
-// other format, missing a field its format requires, or holding counts SaveState never writes is refused
-// with a message naming what is wrong, where before it decoded to zeros and resumed at example 0.
+func model0(m map[string]any) map[string]any { return m["models"].([]any)[0].(map[string]any) }
+
+// validStateWithRNG is validState with every rank's generator state, as SaveState writes it for a model
+// that draws random numbers (dropout).
+func validStateWithRNG(t testing.TB) []byte {
+	var s savedState
+	require.NoError(t, json.Unmarshal(validState(t), &s))
+	s.Models[0].RNGStates = [][]uint64{{1, 2, 3}, {1 << 63, 1<<64 - 1, 0}}
+	data, err := json.Marshal(s)
+	require.NoError(t, err)
+	return data
+}
+
+// TestParseState: state.json as SaveState writes it (both formats, with every rank's generator state or
+// without) is read; a file relabelled to the other format, missing a field its format requires, or holding
+// counts SaveState never writes (generator states of another number of ranks, or of another size) is
+// refused with a message naming what is wrong, where before it decoded to zeros and resumed at example 0.
 func TestParseState(t *testing.T) {
 	valid := validState(t)
 	s, err := parseState(valid)
 	require.NoError(t, err)
 	assert.Equal(t, 96, s.Loaders[0].Consumed)
 	assert.True(t, s.Models[0].Accumulating)
+	assert.Nil(t, s.Models[0].RNGStates, "a checkpoint without generator states is read")
+	s, err = parseState(validStateWithRNG(t))
+	require.NoError(t, err)
+	assert.Equal(t, [][]uint64{{1, 2, 3}, {1 << 63, 1<<64 - 1, 0}}, s.Models[0].RNGStates, "64-bit words are exact")
 	for _, dir := range []string{"mid-cycle", "epoch-end"} {
 		data, err := os.ReadFile("testdata/format1/" + dir + "/state.json")
 		require.NoError(t, err)
@@ -78,6 +96,16 @@ func TestParseState(t *testing.T) {
 			m["optimizers"].([]any)[0].(map[string]any)["model"] = 1
 		}, "optimizer 0: model 1 of 1"},
 		{"negative place", func(m map[string]any) { loader0(m)["consumed"] = -8 }, "negative"},
+		{"generator states of another world size", func(m map[string]any) {
+			model0(m)["rng_states"] = [][]uint64{{1, 2, 3}}
+		}, "random number generator states of 1 ranks, saved by 2 processes"},
+		{"a short generator state", func(m map[string]any) {
+			model0(m)["rng_states"] = [][]uint64{{1, 2, 3}, {4, 5}}
+		}, "model 0, rank 1: prepare: a random number generator state of 2 words"},
+		{"generator states in format 1", func(m map[string]any) {
+			m["format"] = 1
+			model0(m)["rng_states"] = [][]uint64{{1, 2, 3}, {4, 5, 6}}
+		}, `format 2's field "rng_states"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseState(edit(t, valid, tc.edit))
@@ -91,6 +119,7 @@ func TestParseState(t *testing.T) {
 // are in range, and never panics; a state it accepts reads back the same after SaveState's encoding.
 func FuzzParseState(f *testing.F) {
 	f.Add(validState(f))
+	f.Add(validStateWithRNG(f))
 	for _, dir := range []string{"mid-cycle", "epoch-end"} {
 		if data, err := os.ReadFile("testdata/format1/" + dir + "/state.json"); err == nil {
 			f.Add(data)

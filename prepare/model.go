@@ -196,7 +196,16 @@ func (m *Model) Materialize(batch Batch) (err error) {
 		m.materialized = false
 		return err
 	}
-	if err := replicas.BroadcastVariables(m.rt.Comm, m.ReplicatedVariables(), 0); err != nil {
+	// The generator state travels with the weights, so that every rank derives its own from rank 0's.
+	shared := m.ReplicatedVariables()
+	if rng := m.RNGVariable(); rng != nil {
+		shared = append(shared, rng)
+	}
+	if err := replicas.BroadcastVariables(m.rt.Comm, shared, 0); err != nil {
+		m.materialized = false
+		return err
+	}
+	if err := m.seedRank(); err != nil {
 		m.materialized = false
 		return err
 	}
@@ -204,11 +213,12 @@ func (m *Model) Materialize(batch Batch) (err error) {
 }
 
 // ReplicatedVariables are the variables every rank must hold identically: everything in the context but
-// the gradient accumulators, which are per-rank by nature.
+// the gradient accumulators and the random number generator state, which are per-rank by nature (see
+// RNGVariable).
 func (m *Model) ReplicatedVariables() []*context.Variable {
 	var vars []*context.Variable
 	for v := range m.ctx.IterVariables() {
-		if isBucketVariable(v) {
+		if isBucketVariable(v) || isRNGVariable(v) {
 			continue
 		}
 		vars = append(vars, v)
