@@ -19,6 +19,7 @@ import (
 	"github.com/goaccel/goaccel/cpu/internal/convgraph"
 	"github.com/goaccel/goaccel/cpu/internal/convkernel"
 	"github.com/goaccel/goaccel/cpu/internal/elementwise"
+	"github.com/goaccel/goaccel/cpu/internal/extraops"
 	"github.com/goaccel/goaccel/cpu/internal/fusion"
 	"github.com/goaccel/goaccel/cpu/internal/gemmgrad"
 	"github.com/goaccel/goaccel/cpu/internal/indexing"
@@ -58,6 +59,9 @@ func (installed) Wrap(cfg cpu.Config, backend backends.Backend) (backends.Backen
 	} else {
 		backend = convkernel.Extend(backend)
 	}
+	// The ops the pure-Go backend lacks (Pad, Reverse, dynamic slices, batch normalization), grouped
+	// convolutions as one per group, and pooling of booleans.
+	backend = extraops.Extend(backend)
 	// So that it sees every binary operation the graph builds: a broadcast single value (ReLU's zeros, an
 	// optimizer's scalars) or a broadcast that only inserts axes (biases, LayerNorm's statistics) is passed
 	// as it is, and never materialised.
@@ -70,6 +74,8 @@ func (installed) Wrap(cfg cpu.Config, backend backends.Backend) (backends.Backen
 // Apply installs the executors and gradient rules that cfg selects.
 func (installed) Apply(cfg cpu.Config) error {
 	form := convolutionForm(cfg)
+	// extraops' gradient of grouped convolutions wraps the ConvGeneral rule chosen below: off while it changes.
+	extraops.UnregisterGradients()
 	switch cfg.Gradients {
 	case "", "gemm":
 		gemmgrad.Register()
@@ -101,6 +107,11 @@ func (installed) Apply(cfg cpu.Config) error {
 	} else {
 		convkernel.Uninstall()
 	}
+	// The ops the pure-Go backend lacks, and the gradients GoMLX lacks for them: always on.
+	if err := extraops.Install(); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
+	extraops.RegisterGradients()
 	budget := cfg.ThreadBudget()
 	threads.Set(budget)
 	switch cfg.Matmul {
@@ -158,6 +169,8 @@ func (inert) Wrap(_ cpu.Config, backend backends.Backend) (backends.Backend, err
 }
 
 func (inert) Apply(cpu.Config) error {
+	extraops.UnregisterGradients() // over convgraph's
+	extraops.Uninstall()
 	fusion.Uninstall() // installed last, over elementwise's executors
 	indexing.Uninstall()
 	elementwise.Uninstall()
