@@ -18,7 +18,6 @@ import (
 
 	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
-	"github.com/gomlx/gomlx/backends/xla"
 )
 
 // Config selects the GoMLX compute backend.
@@ -64,7 +63,7 @@ func Resolve(cfg Config) (config, reason string) {
 	xlaMu.Lock()
 	defer xlaMu.Unlock()
 	configureDownloads(cfg.AllowDownloads)
-	if plugins := xla.GetAvailablePlugins(); len(plugins) > 0 {
+	if plugins := installedPlugins(); len(plugins) > 0 {
 		return "xla:" + plugins[0], "PJRT plugin installed"
 	}
 	return PureGo, "default (no PJRT plugin installed)"
@@ -84,15 +83,15 @@ var (
 // it differs from the one it made last, so that New, called by every rank of a process, rewrites nothing
 // once the setting is made. Called with xlaMu held.
 func configureDownloads(allow bool) {
-	if !allow && os.Getenv(xla.NoAutoInstallEnv) != "1" {
+	if !allow && os.Getenv(noAutoInstallEnv) != "1" {
 		// Both: the variable for any code that creates backends on its own, and the call because GoMLX reads
 		// the variable only once, at package initialisation.
-		_ = os.Setenv(xla.NoAutoInstallEnv, "1")
+		_ = os.Setenv(noAutoInstallEnv, "1")
 	}
 	if downloadsConfigured && downloadsAllowed == allow {
 		return
 	}
-	xla.EnableAutoInstall(allow)
+	enablePluginDownloads(allow)
 	downloadsConfigured, downloadsAllowed = true, allow
 }
 
