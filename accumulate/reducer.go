@@ -21,7 +21,12 @@ import (
 // checkpoints read and restore it through State and Restore.
 //
 // A reducer made without WithGradientState and WithAccumulators only syncs the buckets it is given (Sync):
-// what benchmarks of the communication alone use.
+// what benchmarks of the communication alone, and programs that sync tensors of their own, use.
+//
+// The micro-batch protocol — BeginMicroBatch, EndMicroBatch, ReadyToApply, Applied, ZeroGrad, Clear,
+// Finite, NonFiniteRanks, and State, Restore, GatherState, SavedState — is driven by package prepare and by
+// the Accelerator's checkpoints; a training loop never calls it. It stays exported because a CommHook or a
+// Sharding (the plug points) is written against the reducer that calls it.
 type Reducer struct {
 	comm     *backends.Communicator
 	plan     Plan
