@@ -32,7 +32,8 @@ type Output struct {
 }
 
 type errLine struct {
-	text  string
+	key   string // the text as sameFromEveryRank writes it, for comparing
+	text  string // the first rank's words
 	ranks []int
 }
 
@@ -90,29 +91,52 @@ func (o *Output) line(line string) {
 		fmt.Fprintln(o.stdout, text)
 		return
 	}
+	if isRankNoise(text) {
+		return // in the rank's log only
+	}
 	// "rank 2 of 4: …" from rank 2 and "rank 3 of 4: …" from rank 3 say the same thing.
-	text = sameFromEveryRank(text, rank)
+	key := sameFromEveryRank(text, rank)
 	for i := range o.errLines {
-		if o.errLines[i].text == text {
+		if o.errLines[i].key == key {
 			o.errLines[i].ranks = append(o.errLines[i].ranks, rank)
 			return // the same words from another rank: once on the terminal is enough
 		}
 	}
-	o.errLines = append(o.errLines, errLine{text: text, ranks: []int{rank}})
-	fmt.Fprintf(o.stderr, "rank %d: %s\n", rank, strings.ReplaceAll(text, "rank N", "rank "+strconv.Itoa(rank)))
+	o.errLines = append(o.errLines, errLine{key: key, text: text, ranks: []int{rank}})
+	fmt.Fprintf(o.stderr, "rank %d: %s\n", rank, text)
 }
 
-// ownRank matches a rank number in a line.
-var ownRank = regexp.MustCompile(`\brank (\d+)\b`)
+// rankNoise are lines a rank's MPI library writes to its standard error that only restate an error the
+// rank reports itself: Open MPI's libnbc (its non-blocking collectives) prints these two, with a pointer
+// and an error number, whenever a collective fails, and no setting turns them off. goaccel's own error
+// (a *backends.CollectiveError) says which collective it was, what the rank called, and the error.
+var rankNoise = []string{"MPI Error in NBC subrequest", "NBC_Progress: an error "}
 
-// sameFromEveryRank writes the writer's own rank number in text as N, so that the same message from every
-// rank reads the same.
+func isRankNoise(line string) bool {
+	return slices.ContainsFunc(rankNoise, func(n string) bool { return strings.HasPrefix(line, n) })
+}
+
+// rankPrefix matches a line's rank prefix: the tag with which a program says which rank wrote it, after
+// the labels that may come first ("grad_accum: rank 2 of 4: …", "rank 2: …", "accel check-rank: rank 2: …").
+var rankPrefix = regexp.MustCompile(`^((?:[^\s:]+(?: [^\s:]+)?: )*)rank (\d+)( of \d+:|:)`)
+
+// backendList matches GoMLX's list of its backends in an error ("backends available: "go", "xla""), whose
+// order varies from process to process (it comes from a map).
+var backendList = regexp.MustCompile(`(backends available: )("[^"]*"(?:, "[^"]*")*)`)
+
+// sameFromEveryRank writes text so that the same message from every rank reads the same: the writer's own
+// rank number in the rank prefix becomes N, and GoMLX's list of backends is sorted. Rank numbers elsewhere
+// in the line ("rank 1 failed", "collective #3 … on rank 1", "backends: rank 1: collective #1" after the
+// prefix) are facts of the message and stay.
 func sameFromEveryRank(text string, rank int) string {
-	return ownRank.ReplaceAllStringFunc(text, func(m string) string {
-		if m == "rank "+strconv.Itoa(rank) {
-			return "rank N"
-		}
-		return m
+	if m := rankPrefix.FindStringSubmatchIndex(text); m != nil && text[m[4]:m[5]] == strconv.Itoa(rank) {
+		text = text[:m[4]] + "N" + text[m[5]:]
+	}
+	return backendList.ReplaceAllStringFunc(text, func(list string) string {
+		m := backendList.FindStringSubmatch(list)
+		names := strings.Split(m[2], ", ")
+		slices.Sort(names)
+		return m[1] + strings.Join(names, ", ")
 	})
 }
 
@@ -162,7 +186,12 @@ func (o *Output) Summary() string {
 	}
 	var b strings.Builder
 	for _, l := range o.errLines {
-		fmt.Fprintf(&b, "  %s: %s\n", rankList(l.ranks), l.text)
+		// One rank's line is its own words; several ranks' share the words but for the writer's rank.
+		text := l.text
+		if len(slices.Compact(slices.Sorted(slices.Values(l.ranks)))) > 1 {
+			text = l.key
+		}
+		fmt.Fprintf(&b, "  %s: %s\n", rankList(l.ranks), text)
 	}
 	fmt.Fprintf(&b, "  (every rank's whole output: %s)\n", filepath.Join(o.dir, "rank-N.log"))
 	return b.String()
