@@ -21,6 +21,8 @@ func TestLaunchRefusesBadHostfile(t *testing.T) {
 		{"ProxyCommand", "node1 slots=1\n-oProxyCommand=/tmp/evil.sh slots=1\n",
 			`, line 2: "-oProxyCommand=/tmp/evil.sh" is not a host name: it starts with '-'`},
 		{"binary", "\x00\x01\x02\x03garbage\n", ", line 1: not text ('\\x00' at byte 1)"},
+		{"empty", "", " names no host"},
+		{"comments only", "# node1 slots=4\n\n", " names no host"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

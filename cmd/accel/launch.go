@@ -87,8 +87,22 @@ func (a *app) launch(args []string) int {
 		fmt.Fprintf(a.stderr, "accel launch: -check-timeout must be positive, got %s\n", *checkTimeout)
 		return 2
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	// An empty value would silently mean "this machine alone": a variable that was meant to hold the hosts
+	// and is empty must not start a one-process local job.
+	if given["hostfile"] && strings.TrimSpace(*hostfile) == "" {
+		fmt.Fprintln(a.stderr, "accel launch: --hostfile is empty: name a file of hosts, or leave --hostfile out to run "+
+			"on this machine")
+		return 2
+	}
+	if given["hosts"] && strings.TrimSpace(*hosts) == "" {
+		fmt.Fprintln(a.stderr, "accel launch: --hosts is empty: write NAME[:SLOTS],... (node1:4,node2:4), or leave "+
+			"--hosts out to run on this machine")
+		return 2
+	}
 	var hostList []launch.Host
-	if *hosts != "" {
+	if given["hosts"] {
 		var err error
 		if hostList, err = launch.ParseHosts(*hosts); err != nil {
 			fmt.Fprintf(a.stderr, "accel launch: --hosts: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
@@ -164,7 +178,11 @@ func (a *app) launch(args []string) int {
 		if failure != nil {
 			failed += ": " + failure.String()
 		}
-		if summary := out.Summary(); summary != "" {
+		if failure != nil && failure.Usage {
+			// The program's words (a usage text, often long) were shown once already, live: not again.
+			fmt.Fprintf(a.stderr, "accel launch: %s (its words are above; every rank's whole output: %s)\n", failed,
+				filepath.Join(dir, "rank-N.log"))
+		} else if summary := out.Summary(); summary != "" {
 			fmt.Fprintf(a.stderr, "accel launch: %s; what the ranks reported:\n%s", failed, summary)
 		} else {
 			fmt.Fprintf(a.stderr, "accel launch: %s; mpirun's output: %s\n", failed, filepath.Join(dir, "mpirun.log"))

@@ -105,6 +105,12 @@ func TestCommandLine(t *testing.T) {
 		},
 		{name: "more processes than slots", args: []string{"launch", "-n", "3", "--hosts", "a,b", "--dry-run", "./train"},
 			wantCode: 1, wantStderr: "accel launch: 3 processes do not fit the 2 slots of hosts a:1,b:1"},
+		{name: "empty host list", args: []string{"launch", "--hosts", "", "./train"}, wantCode: 2,
+			wantStderr: "accel launch: --hosts is empty: write NAME[:SLOTS],... (node1:4,node2:4), or leave --hosts out"},
+		{name: "blank host list, dry run", args: []string{"launch", "--hosts= ", "--dry-run", "./train"}, wantCode: 2,
+			wantStderr: "accel launch: --hosts is empty"},
+		{name: "empty hostfile name", args: []string{"launch", "--hostfile", "", "./train"}, wantCode: 2,
+			wantStderr: "accel launch: --hostfile is empty: name a file of hosts, or leave --hostfile out"},
 		{name: "bad host list", args: []string{"launch", "--hosts", "a:0", "./train"}, wantCode: 2,
 			wantStderr: `accel launch: --hosts: host "a" in "a:0": slots must be a whole number of at least 1`},
 		{name: "bad network", args: []string{"launch", "--net", "10.0.0.0/99", "--dry-run", "./train"}, wantCode: 1,
@@ -330,10 +336,10 @@ func TestLaunchFailureOutput(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "logs")
 	a, stdout, stderr := newTestApp()
 	code := a.run([]string{"launch", "-n", "4", "-output-dir", dir, "sh", "-c",
-		`echo "step 1"; echo "demo: rank $OMPI_COMM_WORLD_RANK of 4: -k must be at least 1" >&2; exit 2`})
-	assert.Equal(t, 2, code)
+		`echo "step 1"; echo "demo: rank $OMPI_COMM_WORLD_RANK of 4: -k must be at least 1" >&2; exit 3`})
+	assert.Equal(t, 3, code)
 	assert.Equal(t, 4, strings.Count(stdout.String(), "step 1"), "the ranks' standard output passes")
-	assert.Regexp(t, `accel launch: the job failed \(exit code 2\): (rank \d|a process) exited with code 2; what the ranks reported:\n`+
+	assert.Regexp(t, `accel launch: the job failed \(exit code 3\): (rank \d|a process) exited with code 3; what the ranks reported:\n`+
 		`  ranks 0-3: demo: rank N of 4: -k must be at least 1\n`, stderr.String())
 	assert.Equal(t, 2, strings.Count(stderr.String(), "-k must be at least 1"), "once live, once in the summary:\n%s", stderr)
 	assert.NotContains(t, stderr.String(), "Primary job", "mpirun's banner restates the failure")

@@ -453,6 +453,13 @@ func (c *config) command(ctx context.Context, procs int, program string, args []
 	if err != nil {
 		return nil, err
 	}
+	// mpirun's own control connections use the network here: a name or subnet this machine lacks would
+	// fail in mpirun, with its banners.
+	if c.network != "" {
+		if err := checkLocalNetwork(c.network); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return nil, fmt.Errorf("launch: %q: %w", argv[0], ErrMPIRunNotFound)
 	}
@@ -492,7 +499,10 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 			c.environ = append(slices.Clone(environ), fmt.Sprintf("%s=%d", RestartCountEnvVar, restarts))
 		}
 		code, failure, err := c.runOnce(ctx, procs, program, args, signals)
-		if err != nil || code == 0 || failure == nil || restarts >= c.maxRestarts || ctx.Err() != nil {
+		if failure != nil && restarts == 0 && failure.isUsageError() {
+			failure.Usage = true // not restarted: the same command would be refused again
+		}
+		if err != nil || code == 0 || failure == nil || failure.Usage || restarts >= c.maxRestarts || ctx.Err() != nil {
 			if err == nil && code != 0 && failure != nil && c.failureNotice != nil {
 				c.failureNotice(*failure)
 			}

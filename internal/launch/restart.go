@@ -19,9 +19,18 @@ const RestartCountEnvVar = jobenv.RestartCount
 // processes failed: exited with a non-zero code, was killed by a signal, or called MPI_Abort. As torchrun
 // does, the job is restarted whole — every process, the same command — and it is up to the program to
 // resume, from its newest checkpoint; RestartCountEnvVar tells it how many restarts came before. A job the
-// launcher was asked to stop (SIGINT, SIGTERM, SIGHUP), a program that cannot be started, and an mpirun
-// that fails without reporting a failed process (a bad mpirun argument) are not restarted.
+// launcher was asked to stop (SIGINT, SIGTERM, SIGHUP), a program that cannot be started, an mpirun that
+// fails without reporting a failed process (a bad mpirun argument), and a usage error (see
+// UsageExitCode) are not restarted.
 func WithMaxRestarts(n int) Option { return func(c *config) { c.maxRestarts = n } }
+
+// UsageExitCode is the exit code of a program that refused its command line: Go's flag package exits
+// with 2 (flag.ExitOnError), and so do goaccel's programs when a flag is wrong, before they start any
+// work. A job whose first run fails because a process exited with this code is a usage error: another run
+// of the same command would be refused the same way, so Run does not restart it (Failure.Usage). A
+// program must not exit with 2 for any other failure that happens before its first restart can help; on
+// a restarted run (the command line was accepted before) 2 is a failure like any other.
+const UsageExitCode = 2
 
 // WithRestartNotice calls fn before each restart, instead of Run's default of writing the restart's line
 // (Restart.String, after "launch: ") to the job's standard error.
@@ -56,6 +65,14 @@ type Failure struct {
 	ExitCode int
 	// Aborted says that the process called MPI_Abort (with ExitCode as its error code).
 	Aborted bool
+	// Usage says that this was the job's first run and the process exited with UsageExitCode: the program
+	// refused its command line, and Run did not restart the job.
+	Usage bool
+}
+
+// isUsageError reports whether f, on a job's first run, is a usage error (see UsageExitCode).
+func (f Failure) isUsageError() bool {
+	return f.Signal == 0 && !f.Aborted && f.ExitCode == UsageExitCode
 }
 
 func (f Failure) String() string {
@@ -71,6 +88,9 @@ func (f Failure) String() string {
 		return fmt.Sprintf("%s was killed by signal %d (%s)", who, int(f.Signal), f.Signal)
 	case f.Aborted:
 		return fmt.Sprintf("%s called MPI_Abort with error code %d", who, f.ExitCode)
+	case f.Usage:
+		return fmt.Sprintf("%s exited with code %d, a usage error: the program refused its command line, and "+
+			"running it again would not help", who, f.ExitCode)
 	}
 	return fmt.Sprintf("%s exited with code %d", who, f.ExitCode)
 }
