@@ -36,6 +36,10 @@ func (singleEngine) Close() error                   { return nil }
 // NewSingle returns a Communicator for a world of one process.
 func NewSingle() *Communicator { return NewCommunicator("single", singleEngine{}) }
 
+// InProcessEngine is the name of the engine of NewInProcessGroup's communicators (Communicator.Name): its
+// ranks are goroutines of one process, sharing its memory and cores.
+const InProcessEngine = "inprocess"
+
 // ErrAborted is what in-process ranks see after one of them called Abort.
 var ErrAborted = errors.New("backends: in-process group aborted")
 
@@ -68,7 +72,7 @@ func NewInProcessGroup(size int, opts ...CommunicatorOption) ([]*Communicator, e
 	g := &inProcessGroup{size: size, slots: map[int]*inProcessSlot{}}
 	comms := make([]*Communicator, size)
 	for r := range size {
-		comms[r] = NewCommunicator("inprocess", &inProcessEngine{group: g, rank: r}, opts...)
+		comms[r] = NewCommunicator(InProcessEngine, &inProcessEngine{group: g, rank: r}, opts...)
 	}
 	return comms, nil
 }

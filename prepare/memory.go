@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	. "github.com/gomlx/gomlx/pkg/core/graph" //nolint:revive // the graph's node types read best unqualified
+
+	"github.com/goaccel/goaccel/backends"
 )
 
 // optimizerStateCopies is how many copies of the parameters an optimizer may keep: Adam keeps two moments.
@@ -16,7 +20,8 @@ const optimizerStateCopies = 2
 // checkMemory estimates the memory the model holds once its variables are initialised — every variable
 // the probe created (parameters and gradient accumulators), plus up to optimizerStateCopies copies of the
 // parameters for each optimizer — and refuses a model that does not fit in the memory this machine has
-// available. Initialising it anyway ends the process with Go's "fatal error: out of memory", which no
+// available, counting the limits of its cgroups and sharing it with the job's other processes on this
+// machine. Initialising it anyway ends the process with Go's "fatal error: out of memory", which no
 // error handling can catch. Where the available memory is unknown, it checks nothing.
 func (m *Model) checkMemory() error {
 	var vars, params float64
@@ -29,9 +34,14 @@ func (m *Model) checkMemory() error {
 	}
 	state := vars + float64(len(m.onMaterialize)*optimizerStateCopies)*params
 	need := state + m.activationBytes
-	available, ok := availableMemory()
+	sharing := processesSharingMemory(m.rt.Comm)
+	available, ok := availableMemory("/", sharing)
 	if !ok || need <= float64(available) {
 		return nil
+	}
+	where := "on this machine"
+	if sharing > 1 {
+		where = fmt.Sprintf("to each of the %d processes on this machine", sharing)
 	}
 	batch := 0
 	if len(m.firstInputs) > 0 && m.firstInputs[0].Rank() > 0 {
@@ -39,9 +49,9 @@ func (m *Model) checkMemory() error {
 	}
 	return fmt.Errorf("prepare: the model needs about %s — %s for its parameters (%s), gradient accumulators and "+
 		"optimizer state, and %s for the activations and gradients of one micro-batch of %d examples — more than "+
-		"the %s of memory available on this machine: use a smaller batch per process (or more processes, or "+
+		"the %s of memory available %s: use a smaller batch per process (or more processes, or "+
 		"gradient accumulation), or a smaller model", byteSize(need), byteSize(state), byteSize(params),
-		byteSize(m.activationBytes), batch, byteSize(float64(available)))
+		byteSize(m.activationBytes), batch, byteSize(float64(available)), where)
 }
 
 // peakLiveBytes estimates the memory a training step's intermediate values need at their peak, as the
@@ -82,26 +92,85 @@ func peakLiveBytes(g *Graph, outputs []*Node) float64 {
 	return peak
 }
 
-// availableMemory is the memory this process can still allocate: the kernel's MemAvailable, or less if a
-// cgroup limit leaves less.
-func availableMemory() (uint64, bool) {
-	available, ok := memAvailable("/proc/meminfo")
-	if limit, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
-		if max, err := strconv.ParseUint(strings.TrimSpace(string(limit)), 10, 64); err == nil {
-			used := uint64(0)
-			if current, err := os.ReadFile("/sys/fs/cgroup/memory.current"); err == nil {
-				used, _ = strconv.ParseUint(strings.TrimSpace(string(current)), 10, 64)
+// availableMemory is the memory this process can still allocate: the machine's MemAvailable, or less if
+// the cgroups the process runs in leave less, divided among the processes of the job that share this
+// machine (they all start at once and each reads the same MemAvailable before any of them allocates).
+// root is "/" but in tests.
+func availableMemory(root string, sharing int) (uint64, bool) {
+	available, ok := memAvailable(filepath.Join(root, "proc/meminfo"))
+	if left, limited := cgroupMemoryLeft(root); limited && (!ok || left < available) {
+		available, ok = left, true
+	}
+	return available / uint64(max(1, sharing)), ok
+}
+
+// cgroupMemoryLeft is what the memory cgroups of this process leave it: the least of limit − usage over
+// its cgroup and every ancestor, for cgroup v2 (memory.max, memory.current) and v1
+// (memory.limit_in_bytes, memory.usage_in_bytes). A job started under `systemd-run -p MemoryMax=2G` or a
+// container's limit is otherwise killed by the kernel (exit 137) without a word. limited is false when no
+// cgroup sets a limit.
+func cgroupMemoryLeft(root string) (left uint64, limited bool) {
+	data, err := os.ReadFile(filepath.Join(root, "proc/self/cgroup"))
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		hierarchy, rest, ok1 := strings.Cut(line, ":")
+		controllers, path, ok2 := strings.Cut(rest, ":")
+		if !ok1 || !ok2 || !strings.HasPrefix(path, "/") {
+			continue
+		}
+		var base, limitFile, usageFile string
+		switch {
+		case hierarchy == "0" && controllers == "":
+			base, limitFile, usageFile = "sys/fs/cgroup", "memory.max", "memory.current"
+		case slices.Contains(strings.Split(controllers, ","), "memory"):
+			base, limitFile, usageFile = "sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+		default:
+			continue
+		}
+		// Inside a cgroup namespace the mount's root is the process's own cgroup, and path may not exist
+		// below it: the walk up reaches the mount's root, which is then the process's cgroup.
+		for dir := path; ; dir = filepath.Dir(dir) {
+			full := filepath.Join(root, base, dir)
+			if limit, ok := readUint(filepath.Join(full, limitFile)); ok {
+				usage, _ := readUint(filepath.Join(full, usageFile))
+				l := uint64(0)
+				if limit > usage {
+					l = limit - usage
+				}
+				if !limited || l < left {
+					left, limited = l, true
+				}
 			}
-			left := uint64(0)
-			if max > used {
-				left = max - used
-			}
-			if !ok || left < available {
-				available, ok = left, true
+			if dir == "/" {
+				break
 			}
 		}
 	}
-	return available, ok
+	return left, limited
+}
+
+// readUint reads a cgroup file holding one number; "max" (no limit) and anything else are not a number.
+func readUint(path string) (uint64, bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+	return n, err == nil
+}
+
+// processesSharingMemory is how many processes of the job draw on this machine's memory: every rank of an
+// in-process group (goroutine ranks share one process), else the launcher's local size.
+func processesSharingMemory(comm *backends.Communicator) int {
+	if comm != nil && comm.Name() == backends.InProcessEngine {
+		return comm.Size()
+	}
+	if topo, err := backends.DetectTopology(); err == nil && topo.LocalSize > 0 {
+		return topo.LocalSize
+	}
+	return 1
 }
 
 func memAvailable(path string) (uint64, bool) {
