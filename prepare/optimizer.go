@@ -39,10 +39,16 @@ type NonFiniteError struct {
 	// Ranks are the ranks whose loss was NaN or Inf in that step's micro-batches (empty: every loss was
 	// finite, and the gradients themselves overflowed).
 	Ranks []int
+	// FP16 says the gradients travelled as fp16 (accumulate.FP16 compression), whose range ends at ±65504.
+	FP16 bool
 }
 
 func (e *NonFiniteError) Error() string {
 	cause := "every rank's loss was finite: the gradients themselves overflowed"
+	if e.FP16 {
+		cause += " fp16's range on the wire (±65504): send them as bf16, which has float32's range, or " +
+			"scale the loss down"
+	}
 	switch len(e.Ranks) {
 	case 0:
 	case 1:
@@ -63,7 +69,10 @@ func ClipGradNorm(maxNorm float64) OptimizerOption {
 	return func(o *Optimizer) { o.clipNorm = maxNorm }
 }
 
-// OnNonFinite sets the policy for NaN or Inf in the synced gradients.
+// OnNonFinite sets the policy for NaN or Inf in the synced gradients. The default is NonFiniteApply, as
+// GoMLX's own training does, except where gradients travel as fp16 (accumulate.FP16): a sum past ±65504
+// becomes Inf there without anything being wrong with the model, so the step is refused (NonFiniteFail)
+// unless this option says otherwise.
 func OnNonFinite(policy NonFinitePolicy) OptimizerOption {
 	return func(o *Optimizer) { o.nonFinite = policy }
 }
@@ -107,7 +116,7 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 			"UpdateGraphWithGradients); use one that does, such as optimizers.StochasticGradientDescent() or "+
 			"optimizers.Adam().Done()", opt)
 	}
-	o := &Optimizer{model: model, optimizer: opt, withGrads: withGrads}
+	o := &Optimizer{model: model, optimizer: opt, withGrads: withGrads, nonFinite: model.rt.defaultNonFinite()}
 	for _, option := range opts {
 		option(o)
 	}
@@ -227,7 +236,7 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 				o.skippedSteps++
 				return false, nil
 			}
-			return false, &NonFiniteError{Step: refused, Ranks: ranks}
+			return false, &NonFiniteError{Step: refused, Ranks: ranks, FP16: m.rt.sendsFP16()}
 		}
 	}
 	for _, fn := range o.beforeStep {

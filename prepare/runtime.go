@@ -37,6 +37,21 @@ func (rt *Runtime) commHook() accumulate.CommHook {
 	return rt.CommHook
 }
 
+// sendsFP16 reports whether gradient buckets travel as fp16, whose range ends at ±65504.
+func (rt *Runtime) sendsFP16() bool {
+	h, ok := rt.CommHook.(*accumulate.CompressionHook)
+	return ok && h.Format() == accumulate.FP16 && rt.Comm != nil && rt.Comm.Size() > 1
+}
+
+// defaultNonFinite is the optimizers' policy for non-finite synced gradients unless OnNonFinite says:
+// refuse the step where fp16 on the wire can overflow, else apply it as GoMLX does.
+func (rt *Runtime) defaultNonFinite() NonFinitePolicy {
+	if rt.sendsFP16() {
+		return NonFiniteFail
+	}
+	return NonFiniteApply
+}
+
 func (rt *Runtime) sharding() accumulate.Sharding {
 	if rt.Sharding == nil {
 		return accumulate.Replicated{}
