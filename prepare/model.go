@@ -159,15 +159,15 @@ func (m *Model) Materialize(batch Batch) (err error) {
 	if m.materialized {
 		return nil
 	}
-	defer recovered("prepare: building the model", &err)
 	defer func() {
-		// A loss reads its labels: with none, GoMLX's loss functions index an empty slice and the panic
+		// Runs after recovered (deferred first): a loss reads its labels: with none, GoMLX's loss functions index an empty slice and the panic
 		// says only "index out of range".
 		if err != nil && len(batch.Labels) == 0 {
 			err = fmt.Errorf("%w (the batch has no labels: Backward passes batch.Labels to the loss function; "+
 				"give the source labels, or use Predict for inputs alone)", err)
 		}
 	}()
+	defer recovered("prepare: building the model", &err)
 	if len(batch.Inputs) == 0 {
 		return errors.New("prepare: batch has no inputs")
 	}
