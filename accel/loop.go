@@ -157,13 +157,15 @@ func MinRate(rate float64) ScheduleOption { return schedule.MinRate(rate) }
 // NewMetrics returns a set of metrics computed over every process's shard: an *Accelerator is the gatherer.
 func NewMetrics(g metrics.Gatherer, ms ...Metric) *MetricSet { return metrics.New(g, ms...) }
 
-// Accuracy is the fraction of examples whose highest logit is the label's.
+// Accuracy is the fraction of examples whose highest logit is the label's. Ties go to the lowest class
+// index, as argmax; an example whose logits hold a NaN is a miss.
 func Accuracy() Metric { return metrics.Accuracy() }
 
-// CrossEntropy is the mean sparse cross-entropy of the logits.
+// CrossEntropy is the mean sparse cross-entropy of the logits; NaN or +Inf logits give NaN.
 func CrossEntropy() Metric { return metrics.CrossEntropy() }
 
-// TopK is the fraction of examples whose label is among the k highest logits.
+// TopK is the fraction of examples whose label is among the k highest logits, ties going to the lower
+// class index; an example whose logits hold a NaN is a miss.
 func TopK(k int) Metric { return metrics.TopK(k) }
 
 // PerRank saves a registered value of every process, each getting its own back on restore.
