@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/pkg/core/graph"
 )
 
 // Environment variables that choose how the pure-Go backend computes. Both exist for comparisons (the
@@ -162,6 +163,24 @@ func setOpsSchedule(options string) {
 	if slices.Contains(strings.Split(options, ","), sequentialOps) {
 		opsSchedule = "sequential"
 	}
+}
+
+// ScratchEstimator is implemented by an Extension whose kernels take memory of their own, beyond the
+// values of a graph, to run it (convolutions' patches and padded copies).
+type ScratchEstimator interface {
+	// ScratchBytes is the most memory the kernels hold while running g's nodes, and keep afterwards.
+	ScratchBytes(g *graph.Graph) int64
+}
+
+// ScratchBytes is what the registered kernels take, beyond g's values, to run g: what a memory estimate
+// adds to the graph's own peak. 0 without kernels, or for kernels that take nothing of their own.
+func ScratchBytes(g *graph.Graph) int64 {
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	if e, ok := extension.(ScratchEstimator); ok {
+		return e.ScratchBytes(g)
+	}
+	return 0
 }
 
 // ShippedKernels describes GoMLX's pure-Go backend as shipped, with why goaccel's kernels are not in use

@@ -13,6 +13,7 @@ import (
 	"fmt"
 
 	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/pkg/core/graph"
 
 	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/cpu/internal/blas"
@@ -183,3 +184,26 @@ func (inert) Apply(cpu.Config) error {
 }
 
 func (e inert) Describe() cpu.Kernels { return cpu.ShippedKernels(e.why) }
+
+// ScratchBytes asks the convolution executors what they take from their scratch pool for each ConvGeneral
+// of g (nothing when they are not installed, or for a node whose parameters cannot be read).
+func (installed) ScratchBytes(g *graph.Graph) int64 {
+	if !convkernel.Installed() {
+		return 0
+	}
+	var buffers []int64
+	for _, node := range g.Nodes() {
+		if node.Type() != graph.NodeTypeConvGeneral || len(node.Inputs()) != 2 {
+			continue
+		}
+		p, err := convgraph.ReadConvParams(node)
+		if err != nil {
+			continue
+		}
+		buffers = append(buffers, convkernel.ScratchBuffers(convkernel.Conv{Input: node.Inputs()[0].Shape(),
+			Kernel: node.Inputs()[1].Shape(), Output: node.Shape(), Axes: p.Axes, Strides: p.Strides,
+			Paddings: p.Paddings, InputDilations: p.InputDilations, KernelDilations: p.KernelDilations,
+			ChannelGroupCount: p.ChannelGroupCount, BatchGroupCount: p.BatchGroupCount})...)
+	}
+	return convkernel.PooledBytes(buffers)
+}

@@ -212,3 +212,21 @@ func equalPoolParams(a, b poolParams) bool {
 		slices.Equal(a.strides, b.strides) && slices.Equal(a.baseDilations, b.baseDilations) &&
 		slices.Equal(a.windowDilations, b.windowDilations) && slices.Equal(a.paddings, b.paddings)
 }
+
+// ConvParams are a ConvGeneral node's parameters, read from the graph (what the memory estimate asks the
+// convolution executors about).
+type ConvParams struct {
+	Axes                               backends.ConvolveAxesConfig
+	Strides                            []int
+	Paddings                           [][2]int
+	InputDilations, KernelDilations    []int
+	ChannelGroupCount, BatchGroupCount int
+}
+
+// ReadConvParams reads a ConvGeneral node's parameters from GoMLX's unexported node inputs.
+func ReadConvParams(node *graph.Node) (ConvParams, error) {
+	p, err := readConvParams(node)
+	return ConvParams{Axes: p.axes, Strides: p.strides, Paddings: p.paddings, InputDilations: p.inputDilations,
+		KernelDilations: p.kernelDilations, ChannelGroupCount: p.channelGroupCount,
+		BatchGroupCount: p.batchGroupCount}, err
+}

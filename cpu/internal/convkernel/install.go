@@ -115,6 +115,8 @@ var errNotInstalled = errors.New("convkernel: SelectAndScatter needs convkernel.
 type scratchPool[T float32 | float64] struct {
 	mu   sync.Mutex
 	free [][]T
+	// gets, when set, is told the length of every get (tests compare it with ScratchBuffers).
+	gets func(n int)
 }
 
 // maxPooledScratch bounds the buffers kept: concurrent convolutions each hold up to four.
@@ -128,6 +130,9 @@ var (
 // get returns a buffer of length n, with arbitrary contents: the smallest free one that fits, or a new one.
 func (p *scratchPool[T]) get(n int) []T {
 	p.mu.Lock()
+	if p.gets != nil {
+		p.gets(n)
+	}
 	best := -1
 	for i, buf := range p.free {
 		if cap(buf) >= n && (best < 0 || cap(buf) < cap(p.free[best])) {
