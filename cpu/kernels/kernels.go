@@ -75,8 +75,12 @@ func (installed) Wrap(cfg cpu.Config, backend backends.Backend) (backends.Backen
 // Apply installs the executors and gradient rules that cfg selects.
 func (installed) Apply(cfg cpu.Config) error {
 	form := convolutionForm(cfg)
-	// extraops' gradient of grouped convolutions wraps the ConvGeneral rule chosen below: off while it changes.
-	extraops.UnregisterGradients()
+	// extraops' gradient of grouped convolutions wraps the ConvGeneral rule chosen below: off while that rule
+	// changes, and left alone otherwise (Apply also runs for a new thread budget alone, while graphs of other
+	// ranks read the rules without a lock).
+	if convgraph.Registered() != (cfg.Gradients != "gomlx") {
+		extraops.UnregisterGradients()
+	}
 	switch cfg.Gradients {
 	case "", "gemm":
 		gemmgrad.Register()
