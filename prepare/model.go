@@ -81,6 +81,11 @@ type Model struct {
 	scheduleVars   []*context.Variable
 	scheduleBefore []*tensors.Tensor
 
+	// buffers are the non-trainable variables the training step changes (batch normalisation's moving
+	// averages), synchronised across ranks as bufferSync says (see buffers.go).
+	buffers    []*context.Variable
+	bufferSync BufferSync
+
 	computeTime time.Duration
 	microSteps  int64
 	// scalars are the scale, advance and sync-scale arguments of the compiled steps, kept on the device.
@@ -105,6 +110,10 @@ func NewModel(rt *Runtime, ctx *context.Context, modelFn ModelFn, lossFn LossFn,
 	m := &Model{rt: rt, ctx: ctx, modelFn: modelFn, lossFn: lossFn, scalars: deviceScalars{backend: rt.Backend}}
 	for _, opt := range opts {
 		opt(m)
+	}
+	if !m.bufferSync.Valid() {
+		return nil, fmt.Errorf("prepare: buffer sync must be BroadcastBuffers, AverageBuffers or NoBufferSync, got %s",
+			m.bufferSync)
 	}
 	return m, nil
 }
@@ -204,8 +213,9 @@ func (m *Model) Materialize(batch Batch) (err error) {
 		m.materialized = false
 		return err
 	}
-	// The generator state travels with the weights, so that every rank derives its own from rank 0's.
-	shared := m.ReplicatedVariables()
+	// The generator state travels with the weights, so that every rank derives its own from rank 0's; so
+	// do buffers kept per rank, which start from rank 0's.
+	shared := append(m.ReplicatedVariables(), m.perRankBuffers()...)
 	if rng := m.RNGVariable(); rng != nil {
 		shared = append(shared, rng)
 	}
@@ -222,11 +232,12 @@ func (m *Model) Materialize(batch Batch) (err error) {
 
 // ReplicatedVariables are the variables every rank must hold identically: everything in the context but
 // the gradient accumulators and the random number generator state, which are per-rank by nature (see
-// RNGVariable).
+// RNGVariable), and, with NoBufferSync, the buffers. Buffers are identical after every optimizer step,
+// not inside an accumulation cycle (see Buffers).
 func (m *Model) ReplicatedVariables() []*context.Variable {
 	var vars []*context.Variable
 	for v := range m.ctx.IterVariables() {
-		if isBucketVariable(v) || isRNGVariable(v) {
+		if isBucketVariable(v) || isRNGVariable(v) || m.isPerRankBuffer(v) {
 			continue
 		}
 		vars = append(vars, v)
@@ -280,6 +291,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 		m.lossDType = loss.DType()
 		m.labelClasses = sparseClasses(labels, predictions)
 		m.scheduleVars = scheduleVariables(ctx, g)
+		m.buffers = bufferVariables(ctx, g)
 	} else {
 		for i, v := range m.scheduleVars {
 			if v.ChangedInGraph(g) {
@@ -531,7 +543,15 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 	m.microSteps++
 	res.Loss = tensors.ToScalar[float64](out[0])
 	res.DataLoss = tensors.ToScalar[float64](out[1])
-	return res, m.reducer.EndMicroBatch(scale, res.Loss)
+	if err := m.reducer.EndMicroBatch(scale, res.Loss); err != nil {
+		return res, err
+	}
+	// Buffers follow the optimizer steps: the gradient sync a step follows syncs them too, whatever the
+	// all-reduces in between (WithSyncEachBatch), so that every rank steps and evaluates with the same.
+	if steps {
+		return res, m.SyncBuffers(m.bufferSync)
+	}
+	return res, nil
 }
 
 // keepScheduleValues copies the schedule variables' values before the micro-batch that advances them, so
