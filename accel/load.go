@@ -447,7 +447,7 @@ func (a *Accelerator) compatible(s savedState) error {
 // variables (rank 0's; nil when there is none), which is not a replicated variable.
 func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Variable]*tensors.Tensor, []uint64, error) {
 	live := map[string]*context.Variable{}
-	for _, v := range m.ReplicatedVariables() {
+	for _, v := range checkpointedVariables(m) {
 		live[v.ParameterName()] = v
 	}
 	values := make(map[*context.Variable]*tensors.Tensor, len(saved))
@@ -479,12 +479,24 @@ func matchVariables(m *prepare.Model, saved []savedVariable) (map[*context.Varia
 		}
 		values[v] = t
 	}
-	for _, v := range m.ReplicatedVariables() {
+	for _, v := range checkpointedVariables(m) {
 		if _, ok := values[v]; !ok {
 			return nil, nil, fmt.Errorf("the checkpoint has no variable %q, which this run has", v.ParameterName())
 		}
 	}
 	return values, rng, nil
+}
+
+// checkpointedVariables are the model's variables whose values a checkpoint holds once, rank 0's: the
+// replicated ones, and buffers kept per process (NoBufferSync), which every process resumes with rank 0's.
+func checkpointedVariables(m *prepare.Model) []*context.Variable {
+	vars := m.ReplicatedVariables()
+	for _, v := range m.Buffers() {
+		if !slices.Contains(vars, v) {
+			vars = append(vars, v)
+		}
+	}
+	return vars
 }
 
 // savedRNGState reads the generator state GoMLX's checkpoints package saved with the variables.

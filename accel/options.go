@@ -9,6 +9,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // Option configures an Accelerator.
@@ -30,6 +31,7 @@ type config struct {
 	checkpointLimit   int
 	checkpointDir     string
 	compression       accumulate.Compression
+	bufferSync        prepare.BufferSync
 	out               io.Writer
 	trackers          []Tracker
 
@@ -79,6 +81,10 @@ func (c config) validate() error {
 	if c.computeThreads < 0 {
 		return fmt.Errorf("accel: compute threads must not be negative, got %d", c.computeThreads)
 	}
+	if !c.bufferSync.Valid() {
+		return fmt.Errorf("accel: buffer sync must be accel.BroadcastBuffers, AverageBuffers or NoBufferSync, got %s",
+			c.bufferSync)
+	}
 	if !c.compression.Valid() {
 		return fmt.Errorf("accel: gradient compression must be accumulate.NoCompression, BF16 or FP16, got %s",
 			c.compression)
@@ -118,6 +124,28 @@ func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB
 func WithGradientCompression(format accumulate.Compression) Option {
 	return func(c *config) { c.compression = format }
 }
+
+// BufferSync says how prepared models keep their buffers — the variables the training step changes but
+// does not train, such as batch normalisation's moving mean and variance — identical across processes.
+type BufferSync = prepare.BufferSync
+
+const (
+	// BroadcastBuffers gives every process rank 0's buffers at each gradient sync an optimizer step follows
+	// (PyTorch DDP's broadcast_buffers). The default.
+	BroadcastBuffers = prepare.BroadcastBuffers
+	// AverageBuffers gives every process the mean of the processes' floating-point buffers at the same points.
+	AverageBuffers = prepare.AverageBuffers
+	// NoBufferSync leaves each process its own buffers; the replica checks leave them out.
+	NoBufferSync = prepare.NoBufferSync
+)
+
+// WithBufferSync chooses how the models this accelerator prepares keep their buffers identical across
+// processes: accel.BroadcastBuffers (the default: rank 0's, as PyTorch DDP), accel.AverageBuffers (the
+// processes' mean, statistics of every process's examples) or accel.NoBufferSync (each its own). Buffers are
+// synchronised after the forward pass of each micro-batch that an optimizer step follows, never inside
+// NoSync or on the other micro-batches of an accumulation cycle (docs/semantics.md section 12). Every
+// process must use the same mode (the processes compare it on the first Backward).
+func WithBufferSync(mode BufferSync) Option { return func(c *config) { c.bufferSync = mode } }
 
 // WithSeed sets the seed data loaders shuffle with (default 42). Every rank must use the same seed.
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }

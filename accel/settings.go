@@ -35,6 +35,10 @@ func (a *Accelerator) settings() []replicas.Setting {
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's number of examples", i), Value: fmt.Sprint(l.SourceLen())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())})
 	}
+	for i, m := range a.models {
+		s = append(s, replicas.Setting{Name: fmt.Sprintf("model %d's buffer sync (accel.WithBufferSync)", i),
+			Value: m.BufferSync().String()})
+	}
 	for i, o := range a.optimizers {
 		s = append(s, replicas.Setting{Name: fmt.Sprintf("optimizer %d's configuration", i), Value: o.Describe()})
 	}

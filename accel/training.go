@@ -16,12 +16,15 @@ import (
 // PrepareModel wraps a GoMLX model: ctx holds (or will hold) its variables, modelFn builds predictions and
 // lossFn a scalar loss. The variables are created, or taken from ctx if it already has them, on the first
 // Backward; replicas are then made identical to rank 0's. Options add in-graph training metrics
-// (prepare.TrainMetrics) that Backward returns through Metrics.
+// (prepare.TrainMetrics) that Backward returns through Metrics. The model's buffers (batch normalisation's
+// moving averages) are synchronised as WithBufferSync says, unless an option (prepare.BufferSyncMode) says
+// otherwise for this model.
 func (a *Accelerator) PrepareModel(ctx *context.Context, modelFn prepare.ModelFn, lossFn prepare.LossFn,
 	opts ...prepare.ModelOption) (*prepare.Model, error) {
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
+	opts = append([]prepare.ModelOption{prepare.BufferSyncMode(a.cfg.bufferSync)}, opts...)
 	m, err := prepare.NewModel(a.rt, ctx, modelFn, lossFn, opts...)
 	if err != nil {
 		return nil, err
@@ -223,7 +226,9 @@ func (a *Accelerator) checkFn(fn func() error) error {
 func (a *Accelerator) SyncGradients() bool { return a.state.SyncGradients() }
 
 // CheckReplicas verifies that every rank holds bitwise-identical weights for model, returning an error that
-// names the first divergent variable. Collective.
+// names the first divergent variable. The weights include the optimizer's state and the model's buffers
+// (identical after each optimizer step; left out with NoBufferSync), not the per-process generator state.
+// Collective.
 func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
 	if err := a.checkModel(model); err != nil {
 		return err
