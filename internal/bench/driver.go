@@ -29,6 +29,7 @@ type results struct {
 	Compute      []computeResult
 	EndToEnd     []endToEndResult
 	Transformer  []transformerResult
+	ResNet       []endToEndResult `json:",omitempty"`
 	PureGoCNN    []pureGoResult
 	Demo         *demoResult `json:",omitempty"`
 	Network      []networkResult
@@ -55,6 +56,7 @@ type driver struct {
 	progress, benchstat io.Writer
 	endToEnd            endToEndSetup
 	transformer         transformerSetup
+	resNet              resNetSetup
 	dir                 string // scratch files of this run
 	// hosts are the -hosts the MPI jobs and section 6 run across; nil: this machine (and section 6 on
 	// emulated clusters).
@@ -101,6 +103,9 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 	if res.Transformer, err = d.measureTransformer(ctx); err != nil {
 		return nil, err
 	}
+	if res.ResNet, err = d.measureResNet(ctx); err != nil {
+		return nil, err
+	}
 	if res.PureGoCNN, err = d.measurePureGo(ctx); err != nil {
 		return nil, err
 	}
@@ -125,7 +130,7 @@ func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) er
 				"./examples/grad_accum`, or leave them out of -only)", err, d.endToEnd.demo)
 		}
 	}
-	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 || len(p.Network.Rates) > 0 {
+	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 || p.ResNet.Rounds > 0 || len(p.Network.Rates) > 0 {
 		if res.Machine.PyTorch, err = d.endToEnd.checkPyTorch(ctx); err != nil {
 			return err
 		}
@@ -137,6 +142,11 @@ func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) er
 	}
 	if p.Transformer.Rounds > 0 {
 		if err := d.transformer.check(dir); err != nil {
+			return err
+		}
+	}
+	if p.ResNet.Rounds > 0 {
+		if err := d.resNet.check(dir); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@
 //   - a big MLP's training step under three compute configurations, each in a child process;
 //   - the grad_accum demo's job against PyTorch DDP, end to end;
 //   - examples/charlm's transformer against its PyTorch twin, end to end;
+//   - examples/resnet against its PyTorch twin, end to end, with and without BLAS;
 //   - the demo's CNN without BLAS under each convolution lowering, and the demo's five-epoch wall time;
 //   - the demo's job against PyTorch DDP and gradient syncs alone across hosts joined by a network, one
 //     process per host, at several link rates: on emulated clusters (network namespaces) it builds itself
@@ -47,7 +48,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	render := fs.String("render", "", "measure nothing: render the report from results saved with -json in `FILE`")
 	only := fs.String("only", allSections(), "measure only these comma-separated `sections`")
 	ranks := fs.String("ranks", "", "comma-separated world sizes of the MPI measurements (default 2,4; -quick: 2)")
-	limit := fs.Int("limit", -1, "training examples of the end-to-end runs (0: all; default all, -quick: 512)")
+	limit := fs.Int("limit", -1, "training examples of the end-to-end and ResNet runs (0: all; default all, -quick: 512 and 256)")
 	hostList := fs.String("hosts", "", "run the MPI sections and the network section across these hosts, "+
 		"`NAME[:SLOTS],...`, with accelbench at the same path on each; mpirun starts here (default: this machine, "+
 		"and the network section on emulated clusters)")
@@ -64,6 +65,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var lm transformerSetup
 	fs.StringVar(&lm.charlm, "charlm", "bin/charlm", "the charlm example, built with -tags mpi")
 	fs.StringVar(&lm.corpus, "corpus", "", "the root of the transformer's .go corpus (default: $GOROOT/src)")
+	var rn resNetSetup
+	fs.StringVar(&rn.resnet, "resnet", "bin/resnet", "the resnet example, built with -tags mpi,blas")
+	fs.StringVar(&rn.resnetPureGo, "resnet-purego", "bin/resnet_purego", "the resnet example, built with -tags mpi (no BLAS)")
 	rankJob := fs.String(rankJobFlag, "", "internal: run as a rank of the mpirun job described in `JSON`")
 	stepJob := fs.String(stepJobFlag, "", "internal: time training steps as described in `JSON`")
 	if err := fs.Parse(args); err != nil {
@@ -141,7 +145,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *limit >= 0 {
-		p.EndToEnd.Limit = *limit
+		p.EndToEnd.Limit, p.ResNet.Limit = *limit, *limit
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -152,7 +156,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if lm.corpus == "" {
 		lm.corpus = defaultCorpus()
 	}
-	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup, transformer: lm, hosts: hosts}
+	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup, transformer: lm, resNet: rn,
+		hosts: hosts}
 	res, err := d.run(ctx)
 	if err != nil {
 		return fail(err)

@@ -3,9 +3,11 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -160,8 +162,85 @@ func TestTransformerPlumbing(t *testing.T) {
 	}
 }
 
-// TestQuickModels runs the transformer, pure-Go CNN and demo sections for real in -quick mode: charlm on 1
-// and 2 processes (mpirun), its PyTorch twin, the demo built without BLAS under both convolution settings.
+// TestResNetPlumbing drives the ResNet section with stand-ins for examples/resnet (both builds) and PyTorch
+// (one process each, two rounds): the job's flags reach every program in its syntax, each round from its
+// own seed, the summaries land in the results and the goals are judged from them; a summary without a
+// throughput, an accuracy or the planned epochs fails the run.
+func TestResNetPlumbing(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	summary := func(rate, accuracy, epochs string) string {
+		return `echo "{\"train_examples\":256,\"epochs\":` + epochs + `,\"examples_per_second\":` + rate +
+			`,\"test_accuracy\":` + accuracy + `,\"parameters\":1234}"`
+	}
+	p := quickPlan()
+	require.NoError(t, p.only("resnet"))
+	p.ResNet.Procs, p.ResNet.Rounds = []int{1}, 2
+	var benchstat bytes.Buffer
+	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &benchstat,
+		endToEnd: endToEndSetup{python: fakeProgram(t, dir, "python", log, summary("1000", "0.80", "1")), dataDir: "/data/fashion"},
+		resNet: resNetSetup{resnet: fakeProgram(t, dir, "resnet", log, summary("1200", "0.805", "1")),
+			resnetPureGo: fakeProgram(t, dir, "resnet_purego", log, summary("600", "0.79", "1"))}}
+	res := &results{Plan: p}
+	require.NoError(t, d.checkPrograms(context.Background(), res, dir), "only the stand-ins are needed")
+	var err error
+	res.ResNet, err = d.measureResNet(context.Background())
+	require.NoError(t, err)
+
+	require.Len(t, res.ResNet, 3)
+	g, pure, torch := resNetRun(res, implGoaccel, 1), resNetRun(res, implGoaccelPureGo, 1), resNetRun(res, implPyTorch, 1)
+	require.True(t, g != nil && pure != nil && torch != nil)
+	assert.Equal(t, []float64{1.0 / 1200, 1.0 / 1200}, g.PerExample.Seconds)
+	assert.Equal(t, []float64{0.79, 0.79}, pure.TestAccuracy)
+	assert.Equal(t, 256, torch.PerExample.Iters)
+	assert.Equal(t, 1234, g.Parameters)
+	md := report(res)
+	assert.Contains(t, md, "| End to end: ResNet throughput | goaccel ≥ 1.0× PyTorch DDP's examples/s, 1 and 2 processes | 1 process: 1.20× | **yes** |")
+	assert.Contains(t, md, "| 1 process: 0.8050 vs 0.8000 | **yes** |")
+	assert.Contains(t, md, "| 1 | 1200 ±0% | 600 ±0% | 1000 ±0% | 1.20× | 0.60× | 0.8050 | 0.7900 | 0.8000 | 2 |")
+	assert.Contains(t, benchstat.String(), "BenchmarkResNet/impl=goaccel-purego/procs=1 ")
+
+	calls, err := os.ReadFile(log)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(calls)), "\n")
+	require.Len(t, lines, 7, "PyTorch's version, then 2 rounds × 3 programs")
+	job := func(dash string, seed int) string {
+		return strings.ReplaceAll(fmt.Sprintf("-width 4 -blocks 1 -dropout 0.2 -epochs 1 -batch 32 -k 2 -lr 0.002 -seed %d "+
+			"-limit 256 -data /data/fashion", seed), "-", dash)
+	}
+	for _, seed := range []int{42, 43} {
+		assert.Contains(t, lines, " "+job("-", seed)+" -quiet", "both builds, seed %d", seed)
+		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads \d+ `+regexp.QuoteMeta(job("--", seed))+"\n", string(calls))
+	}
+
+	for name, bad := range map[string]string{
+		"no examples/s": summary("0", "0.8", "1"),
+		"no accuracy":   summary("1000", "null", "1"),
+		"short":         summary("1000", "0.8", "2"),
+		"not json":      `echo done`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			d.resNet.resnetPureGo = fakeProgram(t, t.TempDir(), "resnet_purego", log, bad)
+			_, err := d.measureResNet(context.Background())
+			assert.ErrorContains(t, err, "resnet with goaccel-purego on 1 process")
+		})
+	}
+}
+
+// TestResNetNeedsItsPrograms: without either build of examples/resnet the section refuses to start, naming
+// how to build it.
+func TestResNetNeedsItsPrograms(t *testing.T) {
+	dir := t.TempDir()
+	present := fakeProgram(t, dir, "resnet", filepath.Join(dir, "log"), `exit 0`)
+	s := resNetSetup{resnet: present, resnetPureGo: filepath.Join(dir, "missing")}
+	assert.ErrorContains(t, s.check(dir), "go build -tags mpi -o "+filepath.Join(dir, "missing")+" ./examples/resnet")
+	s = resNetSetup{resnet: filepath.Join(dir, "missing"), resnetPureGo: present}
+	assert.ErrorContains(t, s.check(dir), "go build -tags mpi,blas -o ")
+}
+
+// TestQuickModels runs the transformer, ResNet, pure-Go CNN and demo sections for real in -quick mode:
+// charlm and examples/resnet on 1 and 2 processes (mpirun), their PyTorch twins, the demo built without
+// BLAS under both convolution settings.
 func TestQuickModels(t *testing.T) {
 	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
 		// Not even under CI=true: CI does not install PyTorch, which only `make bench` needs.
@@ -177,15 +256,18 @@ func TestQuickModels(t *testing.T) {
 	exe := buildWithMPI(ctx, t, dir, "./cmd/accelbench")
 	charlm := buildWithMPI(ctx, t, dir, "../../examples/charlm")
 	demo := buildWithMPI(ctx, t, dir, "../../examples/grad_accum") // -tags mpi only: no BLAS
+	resnet := buildWithMPI(ctx, t, dir, "../../examples/resnet")
 	// A small corpus keeps the runs short: one package of Go's own source.
 	corpus := filepath.Join(defaultCorpus(), "strings")
 	// The quick run checks the plumbing: this tree's demo stands in for the release's too.
-	stdout, md, res := runQuick(ctx, t, exe, "-only", "transformer,purego,demo", "-charlm", charlm, "-demo", demo,
-		"-demo-purego", demo, "-demo-purego-release", demo, "-corpus", corpus)
+	// The same build stands in for the ResNet's BLAS build.
+	stdout, md, res := runQuick(ctx, t, exe, "-only", "transformer,resnet,purego,demo", "-charlm", charlm, "-demo", demo,
+		"-demo-purego", demo, "-demo-purego-release", demo, "-corpus", corpus, "-resnet", resnet, "-resnet-purego", resnet)
 
 	assert.Contains(t, stdout, "BenchmarkTransformer/impl=pytorch/procs=2 ")
 	assert.Contains(t, stdout, "BenchmarkPureGoCNN/conv=kernel ")
-	for _, heading := range []string{"### The transformer language model", "### The demo's CNN without BLAS",
+	assert.Contains(t, stdout, "BenchmarkResNet/impl=pytorch/procs=2 ")
+	for _, heading := range []string{"### The transformer language model", "### The ResNet", "### The demo's CNN without BLAS",
 		"### The demo's wall time"} {
 		assert.Contains(t, md, heading)
 	}
@@ -198,6 +280,13 @@ func TestQuickModels(t *testing.T) {
 	pairs := transformerPairs(&res)
 	require.Len(t, pairs, 2)
 	assert.Equal(t, pairs[0][0].Parameters, pairs[0][1].Parameters, "the twins have the same parameters")
+	require.Len(t, res.ResNet, len(resNetImpls)*len(res.Plan.ResNet.Procs))
+	for _, r := range res.ResNet {
+		require.Len(t, r.PerExample.Seconds, 1, "%s %d", r.Impl, r.Procs)
+		assert.Equal(t, res.Plan.ResNet.Limit, r.PerExample.Iters, "%s %d: examples × epochs", r.Impl, r.Procs)
+		assert.Greater(t, r.TestAccuracy[0], 0.0, "%s %d", r.Impl, r.Procs)
+		assert.Equal(t, res.ResNet[0].Parameters, r.Parameters, "%s %d: the twins have the same parameters", r.Impl, r.Procs)
+	}
 	require.Len(t, res.PureGoCNN, 3)
 	require.NotNil(t, res.Demo)
 	assert.Positive(t, res.Demo.Wall.median())

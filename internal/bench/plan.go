@@ -34,6 +34,7 @@ type plan struct {
 	Compute     computePlan
 	EndToEnd    endToEndPlan
 	Transformer transformerPlan
+	ResNet      resNetPlan
 	PureGoCNN   pureGoPlan
 	Demo        demoPlan
 	Network     networkPlan
@@ -86,6 +87,13 @@ func charlmJob() transformerPlan {
 		LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, EvalWindows: 256}
 }
 
+// resNetJob is examples/resnet's default model and optimizer as `make bench` runs it: one epoch of every
+// training example per run, five rounds (the accuracy goal is judged on the median over their seeds).
+func resNetJob() resNetPlan {
+	return resNetPlan{Rounds: 5, Procs: []int{1, 2}, Width: 16, Blocks: 1, Dropout: 0.2, Epochs: 1, Batch: 64, K: 1,
+		LR: 0.002, Seed: 42}
+}
+
 // fullPlan is what `make bench` measures: about twenty minutes on a two-core machine once the demo's CNN
 // trains fast (its five-epoch wall time is one of the measurements).
 func fullPlan() plan {
@@ -107,6 +115,7 @@ func fullPlan() plan {
 			Models: []endToEndModel{{Name: "mlp", Rounds: 3}, {Name: "cnn", Rounds: 5}}},
 		// Three rounds, so that one run slowed by the machine's other work does not decide a goal.
 		Transformer: withRounds(charlmJob(), 3, []int{1, 2}),
+		ResNet:      resNetJob(),
 		// One short epoch per variant: up to half a minute each without BLAS.
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 8192,
 			Seed: 42, LR: 0.002},
@@ -169,6 +178,10 @@ func quickPlan() plan {
 		Transformer: transformerPlan{Rounds: 1, Procs: []int{1, 2}, Context: 16, DModel: 16, Heads: 2, Blocks: 1,
 			Batch: 4, K: 2, Steps: 3, Warmup: 1, LR: 0.002, WeightDecay: 0.01, Clip: 1, Seed: 42, Limit: 64,
 			EvalWindows: 8},
+		// The ResNet's plumbing: a narrow model on a few hundred examples (the runs still evaluate the whole
+		// test set).
+		ResNet: resNetPlan{Rounds: 1, Procs: []int{1, 2}, Width: 4, Blocks: 1, Dropout: 0.2, Epochs: 1, Batch: 32, K: 2,
+			LR: 0.002, Seed: 42, Limit: 256},
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 256,
 			Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
@@ -195,6 +208,8 @@ var sections = map[string]func(*plan){
 	"e2e":      func(p *plan) { p.EndToEnd.Models = nil },
 	// The transformer language model against its PyTorch twin.
 	"transformer": func(p *plan) { p.Transformer.Rounds = 0 },
+	// examples/resnet against its PyTorch twin, with and without BLAS.
+	"resnet": func(p *plan) { p.ResNet.Rounds = 0 },
 	// The CNN without BLAS, each convolution lowering.
 	"purego": func(p *plan) { p.PureGoCNN.Rounds = 0 },
 	// The demo's wall time.

@@ -25,6 +25,12 @@ const (
 	// goalTransformerLossGap: after the same optimizer steps, goaccel's validation loss differs from PyTorch's
 	// by at most this fraction of it, either way: the twins are the same model, trained the same way.
 	goalTransformerLossGap = 0.02
+	// goalResNetVsPyTorch: examples/resnet's examples/s over its PyTorch twin's (DDP), at least, on 1 and 2
+	// processes, judged on the BLAS build.
+	goalResNetVsPyTorch = 1.0
+	// goalResNetAccuracyGap: after the same epochs, goaccel's ResNet is at most this far from PyTorch's in
+	// test accuracy, either way (the twins are the same model), in the median over the rounds' seeds.
+	goalResNetAccuracyGap = 0.01
 	// goalDemoSeconds: `make demo DEMO_ARGS="-model cnn"` (5 epochs), start to exit, at most.
 	goalDemoSeconds = 90
 	// goalPureGoCNNSpeedup: without BLAS, the CNN's examples/s now over release pureGoBaseline's (pure Go
@@ -45,7 +51,7 @@ const methodDoc = "benchmarks-method.md"
 
 func report(res *results) string {
 	r := &reporter{res: res}
-	for _, section := range []func(){r.header, r.summary, r.endToEnd, r.transformer, r.pureGo, r.demo, r.compute, r.allReduce, r.bucketing,
+	for _, section := range []func(){r.header, r.summary, r.endToEnd, r.transformer, r.resNet, r.pureGo, r.demo, r.compute, r.allReduce, r.bucketing,
 		r.accumulation, r.overhead, r.overlap, r.network} {
 		section()
 	}
@@ -224,8 +230,9 @@ func goals(res *results) []*goal {
 		q := ratio(o.GoMLX, o.Goaccel)
 		overhead.judge(q <= goalOverhead, "%s: %.3f×", o.Config.Model.shortName(), q)
 	}
-	return append([]*goal{mlp1, mlpN, cnn, accuracy, tokens, loss, demo, pureGo, memory, speed, allReduce, perTensor, flat,
-		speedup, calls, overhead}, networkGoals(res)...)
+	all := append([]*goal{mlp1, mlpN, cnn, accuracy, tokens, loss}, resNetGoals(res)...)
+	all = append(all, demo, pureGo, memory, speed, allReduce, perTensor, flat, speedup, calls, overhead)
+	return append(all, networkGoals(res)...)
 }
 
 func (r *reporter) summary() {
@@ -267,8 +274,8 @@ func endToEndPairs(res *results, model string) [][2]endToEndResult {
 // endToEnd starts the section that also holds the big MLP's compute configurations.
 func (r *reporter) endToEnd() {
 	p := r.res.Plan.EndToEnd
-	if len(r.res.EndToEnd) > 0 || len(r.res.Compute) > 0 || len(r.res.Transformer) > 0 || len(r.res.PureGoCNN) > 0 ||
-		r.res.Demo != nil {
+	if len(r.res.EndToEnd) > 0 || len(r.res.Compute) > 0 || len(r.res.Transformer) > 0 || len(r.res.ResNet) > 0 ||
+		len(r.res.PureGoCNN) > 0 || r.res.Demo != nil {
 		r.p("## End to end against PyTorch\n\n")
 	}
 	if len(r.res.EndToEnd) == 0 {

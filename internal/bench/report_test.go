@@ -66,6 +66,14 @@ func syntheticResults() *results {
 		{Impl: "pytorch", Procs: 1, PerToken: perToken(10000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
 		{Impl: "pytorch", Procs: 2, PerToken: perToken(20000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
 	}
+	// 1 process: 1.05× and 0.8810 vs 0.8900 (both met); 2 processes: 0.80× and 0.8600 vs 0.8750 (both missed).
+	res.ResNet = []endToEndResult{
+		{Impl: "goaccel", Model: "resnet", Procs: 1, PerExample: perExample(2100), TestAccuracy: []float64{0.8810, 0.88, 0.89}, Parameters: 19706},
+		{Impl: "goaccel", Model: "resnet", Procs: 2, PerExample: perExample(3200), TestAccuracy: []float64{0.86}, Parameters: 19706},
+		{Impl: "goaccel-purego", Model: "resnet", Procs: 1, PerExample: perExample(1000), TestAccuracy: []float64{0.8811}, Parameters: 19706},
+		{Impl: "pytorch", Model: "resnet", Procs: 1, PerExample: perExample(2000), TestAccuracy: []float64{0.89}, Parameters: 19706},
+		{Impl: "pytorch", Model: "resnet", Procs: 2, PerExample: perExample(4000), TestAccuracy: []float64{0.875}, Parameters: 19706},
+	}
 	// 3.5× faster with the convolution executor.
 	res.PureGoCNN = []pureGoResult{
 		{Variant: pureGoVariant{Release: pureGoBaseline}, PerExample: perExample(100), TestAccuracy: []float64{0.71}},
@@ -122,6 +130,9 @@ func TestReportJudgesGoals(t *testing.T) {
 		"| End to end: CNN throughput | goaccel ≥ 1.0× PyTorch DDP's examples/s, 1 and 2 processes | 1 process: 0.90× | no |",
 		"| 1 process: 1.10×; 2 processes: 0.50× | no |", // transformer tokens/s
 		"| 1 process: 2.0200 vs 2.0000 (+1.0%); 2 processes: 1.9400 vs 2.0000 (−3.0%) | no |",
+		"| End to end: ResNet throughput | goaccel ≥ 1.0× PyTorch DDP's examples/s, 1 and 2 processes | 1 process: 1.05×; 2 processes: 0.80× | no |",
+		"| End to end: ResNet accuracy | after the same epochs, goaccel's test accuracy within 0.01 of PyTorch's, medians " +
+			"over seeds | 1 process: 0.8810 vs 0.8900; 2 processes: 0.8600 vs 0.8750 | no |",
 		"≤ 90 s | 1 min 15 s | **yes** |",
 		"goaccel 0.2.0 (pure Go both) | 3.50× | **yes** |",
 		"| 1 process: 0.9100 vs 0.9000 | **yes** |",                // median CNN accuracies, goaccel vs PyTorch
@@ -151,6 +162,13 @@ func TestReportJudgesGoals(t *testing.T) {
 		"| 2 | 10000 ±0% | 20000 ±0% | 0.50× | 1.9400 | 2.0000 | −3.0% | 3 |",
 		"Both models have 471296 parameters.",
 		"(2 blocks, d_model 128, 4 heads, context 64)",
+		"### The ResNet",
+		"[benchmarks-method.md](benchmarks-method.md#the-resnet)",
+		"| 1 | 2100 ±0% | 1000 ±0% | 2000 ±0% | 1.05× | 0.50× | 0.8810 | 0.8811 | 0.8900 | 3 |",
+		"| 2 | 3200 ±0% | — | 4000 ±0% | 0.80× | — | 0.8600 | — | 0.8750 | 3 |",
+		"From 1 to 2 processes goaccel's throughput changes 1.52×, PyTorch's 2.00×. Test accuracies by round (seed): " +
+			"1 process: goaccel 0.8810, 0.8800, 0.8900, PyTorch 0.8900; 2 processes: goaccel 0.8600, PyTorch 0.8750. " +
+			"Both models have 19706 parameters.",
 		"| goaccel 0.2.0 (built from its source) | 100 ±0% | 1.00× | 0.7100 | 3 |",
 		"| `GOACCEL_CONV=graph` | 200 ±0% | 2.00× | 0.7100 | 3 |",
 		"| `GOACCEL_CONV=kernel` | 350 ±0% | 3.50× | 0.7200 | 3 |",
@@ -205,13 +223,20 @@ func TestReportNotes(t *testing.T) {
 			"**The models differ:** goaccel's has 101770 parameters, PyTorch's 1."},
 		{"same models", func(r *results) { r.EndToEnd[0].Parameters, r.EndToEnd[2].Parameters = 101770, 101770 },
 			"Both models have 101770 parameters."},
-		{"compute without the demo's job", func(r *results) { r.EndToEnd, r.Transformer, r.PureGoCNN, r.Demo = nil, nil, nil, nil },
+		{"compute without the demo's job", func(r *results) {
+			r.EndToEnd, r.Transformer, r.ResNet, r.PureGoCNN, r.Demo = nil, nil, nil, nil, nil
+		},
 			"## End to end against PyTorch\n\n### Big MLP"},
 		{"nothing measured", func(r *results) { *r = results{Plan: r.Plan} }, "| End to end: MLP throughput, 1 process | goaccel ≥ 1.5× PyTorch's examples/s | — | — |"},
 		{"transformer models differ", func(r *results) { r.Transformer[2].Parameters = 5 },
 			"**The models differ:** goaccel's has 471296 parameters, PyTorch's 5."},
 		{"only the transformer", func(r *results) { *r = results{Plan: r.Plan, Transformer: r.Transformer} },
 			"## End to end against PyTorch\n\n### The transformer language model"},
+		{"only the ResNet", func(r *results) { *r = results{Plan: r.Plan, ResNet: r.ResNet} },
+			"## End to end against PyTorch\n\n### The ResNet"},
+		{"ResNet on fewer examples", func(r *results) { r.Plan.ResNet.Limit = 6000 }, "first 6000 training examples only"},
+		{"ResNet models differ", func(r *results) { r.ResNet[3].Parameters = 7 },
+			"**The models differ:** goaccel's has 19706 parameters, PyTorch's 7."},
 		{"network not measured", func(r *results) { r.Network, r.NetworkSkipped = nil, "no root" },
 			"> Section 6 (on a network) was not measured: no root."},
 		{"machine-bound link", func(r *results) { r.Network[1].LinkBits = 0.5e9 },
@@ -253,6 +278,13 @@ func TestGoalThresholds(t *testing.T) {
 			r.Transformer[1].ValidationLoss = []float64{2.0}
 			r.Transformer[0].ValidationLoss = []float64{2.05}
 		}, "End to end: transformer validation loss", false},
+		{"ResNet both at 1.0×", func(r *results) { r.ResNet[1].PerExample = rate(4000) }, "End to end: ResNet throughput", true},
+		{"ResNet accuracy 0.01 above and below", func(r *results) {
+			r.ResNet[0].TestAccuracy, r.ResNet[1].TestAccuracy = []float64{0.90}, []float64{0.865}
+		}, "End to end: ResNet accuracy", true},
+		{"ResNet accuracy 0.0101 above", func(r *results) {
+			r.ResNet[0].TestAccuracy, r.ResNet[1].TestAccuracy = []float64{0.9001}, []float64{0.875}
+		}, "End to end: ResNet accuracy", false},
 		{"demo 91 s", func(r *results) { r.Demo.Wall = constant("d", 91) }, "The demo's CNN, wall time", false},
 		{"demo 90 s", func(r *results) { r.Demo.Wall = constant("d", 90) }, "The demo's CNN, wall time", true},
 		{"pure Go 2.9×", func(r *results) { r.PureGoCNN[2].PerExample = rate(290) }, "The demo's CNN without BLAS", false},
@@ -295,10 +327,12 @@ func TestGoalThresholds(t *testing.T) {
 func TestGoalsUnknownWithoutRuns(t *testing.T) {
 	res := syntheticResults()
 	res.Transformer, res.Demo = nil, nil
+	res.ResNet = res.ResNet[2:4] // the pure-Go build and PyTorch: goals are judged on the BLAS build
 	res.PureGoCNN = []pureGoResult{{Variant: pureGoVariant{Release: pureGoBaseline}}, {Variant: pureGoVariant{Conv: "kernel"}}}
 	for _, g := range goals(res) {
 		switch g.what {
 		case "End to end: transformer throughput", "End to end: transformer validation loss",
+			"End to end: ResNet throughput", "End to end: ResNet accuracy",
 			"The demo's CNN, wall time", "The demo's CNN without BLAS":
 			assert.False(t, g.known, g.what)
 			assert.False(t, g.met, g.what)
