@@ -80,6 +80,8 @@ bench: build deps-dataset deps-torch bin/grad_accum_purego_0.2.0
 	$(GO) build -tags $(MPI_TAGS) -o bin/accelbench ./internal/bench/cmd/accelbench
 	$(GO) build -tags $(MPI_TAGS) -o bin/charlm ./examples/charlm
 	$(GO) build -tags mpi -o bin/grad_accum_purego ./examples/grad_accum
+	$(GO) build -tags $(MPI_TAGS) -o bin/resnet ./examples/resnet
+	$(GO) build -tags mpi -o bin/resnet_purego ./examples/resnet
 	bin/accelbench -out docs/benchmarks.md -json bin/bench.json > bin/bench.txt
 
 # Release 0.2.0 is this commit (the release before the convolution and element-wise kernels).
