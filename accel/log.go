@@ -97,6 +97,9 @@ func (a *Accelerator) resumeTrackers(records int64) error {
 }
 
 func (a *Accelerator) closeTrackers() error {
+	if !a.IsMainProcess() {
+		return nil // only the main process logs (and resumes), so only it opened the trackers
+	}
 	var errs []error
 	for _, t := range a.cfg.trackers {
 		errs = append(errs, t.Close())

@@ -3,6 +3,7 @@ package prepare
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -50,6 +51,8 @@ type Model struct {
 	// labelClasses is the model's number of classes when its labels are class indices (integer labels
 	// shaped as its first output without the class axis), else 0: Backward checks every label against it.
 	labelClasses int
+	// perStepUpdates are the model's train.AddPerStepUpdateGraphFn functions, run after each optimizer update.
+	perStepUpdates []perStepUpdate
 	// activationBytes estimates the memory one training step needs beyond the variables (see peakLiveBytes).
 	activationBytes float64
 
@@ -254,6 +257,29 @@ func (m *Model) microStepOutputsGraph(ctx *context.Context, nodes []*Node) []*No
 
 // microStepGraph is the compiled micro-batch step: forward, loss, gradients of the planned parameters,
 // flattened and added (times the micro-batch scale) into the bucket accumulators. Outputs the loss.
+// perStepUpdate is a function the model registered with train.AddPerStepUpdateGraphFn (regularizers.L1
+// zeroing the weights under its amount, a constraint on a layer's weights), and the scope it registered in.
+type perStepUpdate struct {
+	scope string
+	fn    train.ContextGraphFn
+}
+
+// collectPerStepUpdates keeps the per-step updates the model function registered on g. GoMLX's Trainer
+// runs them in the graph of its training step, after the optimizer's update; goaccel's update is another
+// graph (the optimizer's apply step), so they are carried there (Optimizer.applyGraph).
+func (m *Model) collectPerStepUpdates(ctx *context.Context, g *Graph) {
+	updates := map[string]train.ContextGraphFn{}
+	ctx.EnumerateGraphParams(g, func(scope, key string, value any) {
+		if fn, ok := value.(train.ContextGraphFn); ok && key == train.TrainerPerStepUpdateGraphFnParamKey {
+			updates[scope] = fn
+		}
+	})
+	m.perStepUpdates = m.perStepUpdates[:0]
+	for _, scope := range slices.Sorted(maps.Keys(updates)) {
+		m.perStepUpdates = append(m.perStepUpdates, perStepUpdate{scope: scope, fn: updates[scope]})
+	}
+}
+
 func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
 	return m.buildMicroStep(ctx, nodes, false)
 }
@@ -286,6 +312,7 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	train.SetLossNoRegularization(ctx, loss)
 	train.AddLoss(ctx, loss)
 	loss = train.GetLosses(ctx, g)
+	m.collectPerStepUpdates(ctx, g)
 	if m.plan.Params == nil {
 		m.planFromGraph(ctx, g)
 		m.lossDType = loss.DType()

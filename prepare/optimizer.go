@@ -176,6 +176,10 @@ func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
 		grads = clipByGlobalNorm(grads, o.clipNorm)
 	}
 	o.withGrads.UpdateGraphWithGradients(ctx, grads, m.lossDType)
+	// What the model registered with train.AddPerStepUpdateGraphFn, after the update, as GoMLX's Trainer.
+	for _, u := range m.perStepUpdates {
+		u.fn(ctx.InAbsPath(u.scope), g)
+	}
 	train.ExecPerStepUpdateGraphFn(ctx, g)
 	for _, acc := range m.buckets {
 		acc.SetValueGraph(Zeros(g, acc.Shape()))
