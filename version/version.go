@@ -15,8 +15,10 @@ const Release = "0.4.0"
 const modulePath = "github.com/goaccel/goaccel"
 
 // String is the version to report: the module version the Go toolchain recorded when goaccel is a
-// dependency (v0.4.0, or a pseudo-version between releases), else Release with the commit a build inside a
-// checkout was made from ("0.4.0 (commit 1a2b3c4d5e6f, modified)"), else Release.
+// dependency (v0.4.0, or a pseudo-version between releases), or the version of what replaced it; for a
+// dependency replaced by a local directory, Release with that directory ("0.4.0 (local copy ../goaccel)");
+// for a build of goaccel's own checkout, Release with its commit ("0.4.0 (commit 1a2b3c4d5e6f, modified)");
+// else Release. The version comes from the library, never from the program's own module.
 func String() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -27,11 +29,27 @@ func String() string {
 
 func fromBuildInfo(info *debug.BuildInfo) string {
 	for _, dep := range info.Deps {
-		if dep.Path == modulePath && dep.Version != "" && dep.Version != "(devel)" {
+		if dep.Path != modulePath {
+			continue
+		}
+		if r := dep.Replace; r != nil {
+			// A replace directive: the version in the program's go.mod (often v0.0.0) names nothing.
+			if r.Version != "" && r.Version != "(devel)" {
+				return r.Version
+			}
+			return fmt.Sprintf("%s (local copy %s)", Release, r.Path)
+		}
+		if dep.Version != "" && dep.Version != "(devel)" {
 			return dep.Version
 		}
+		return Release
 	}
-	if info.Main.Path == modulePath && info.Main.Version != "" && info.Main.Version != "(devel)" {
+	if info.Main.Path != modulePath {
+		// goaccel is not among the dependencies (a test binary of another module lists none): the
+		// program's own commit says nothing of goaccel's.
+		return Release
+	}
+	if info.Main.Version != "" && info.Main.Version != "(devel)" {
 		return info.Main.Version
 	}
 	var revision string

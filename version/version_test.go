@@ -31,6 +31,20 @@ func TestFromBuildInfo(t *testing.T) {
 			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.modified", Value: "true"}}},
 			Release + " (commit 0123456789ab, modified)"},
 		{"test binary, no VCS stamp", debug.BuildInfo{Main: debug.Module{Path: modulePath, Version: "(devel)"}}, Release},
+		// A user's module with `replace github.com/goaccel/goaccel => ../goaccel` reported "v0.0.0", and
+		// the user's own commit stood for goaccel's.
+		{"dependency replaced by a local copy", debug.BuildInfo{Main: debug.Module{Path: "example.com/app"},
+			Deps: []*debug.Module{{Path: modulePath, Version: "v0.0.0",
+				Replace: &debug.Module{Path: "../goaccel"}}},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "fedcba9876543210fedc"}}},
+			Release + " (local copy ../goaccel)"},
+		{"dependency replaced by another version", debug.BuildInfo{Main: debug.Module{Path: "example.com/app"},
+			Deps: []*debug.Module{{Path: modulePath, Version: "v0.0.0",
+				Replace: &debug.Module{Path: "example.com/fork/goaccel", Version: "v0.4.1-fork"}}}},
+			"v0.4.1-fork"},
+		{"another module's test binary (no dependencies listed)", debug.BuildInfo{
+			Main:     debug.Module{Path: "example.com/app", Version: "(devel)"},
+			Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "fedcba9876543210fedc"}}}, Release},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
