@@ -171,6 +171,10 @@ func TopK(k int) Metric { return metrics.TopK(k) }
 // PerRank saves a registered value of every process, each getting its own back on restore.
 func PerRank() StateOption { return userstate.PerRank() }
 
+// OptionalState lets a checkpoint lack a registered value (one added since the checkpoint was written):
+// loading it leaves the value as the program set it.
+func OptionalState() StateOption { return userstate.Optional() }
+
 // Resize says how a per-process value saved on one number of processes is restored on another.
 func Resize(fn ResizeFunc) StateOption { return userstate.Resize(fn) }
 

@@ -324,3 +324,30 @@ func TestStateJSONNamesRegisteredValues(t *testing.T) {
 	assert.Equal(t, []string{"user/001-rank-0.bin", "user/001-rank-1.bin"}, state.UserValues[1].Files)
 	assert.Equal(t, map[string]int{"epoch": 0, "consumed": 8, "batch_size": 2, "examples": 16}, state.Loaders[0])
 }
+
+// TestOptionalValueKeepsItsDefault: a value registered with OptionalState (added since the checkpoint was
+// written, as a new field of a config) loads from a checkpoint that lacks it, keeping the program's value,
+// while the saved values are restored; and a checkpoint that holds it restores it.
+func TestOptionalValueKeepsItsDefault(t *testing.T) {
+	dir := t.TempDir()
+	saveWithValues(t, 1, dir, func(int) int64 { return 3 })
+	acc := newSingle(t)
+	var u userValues
+	require.NoError(t, u.register(acc))
+	patience := tally{n: 9}
+	require.NoError(t, acc.RegisterForCheckpointing("patience", &patience, accel.OptionalState()))
+	r := prepareResumable(t, acc, 8, 2, 1)
+	require.NoError(t, acc.LoadState(dir))
+	assert.Equal(t, int64(70), u.best.n, "saved values are restored")
+	assert.Equal(t, int64(3), u.seen.n)
+	assert.Equal(t, int64(9), patience.n, "the optional value keeps the program's value")
+	assert.Positive(t, r.opt.Steps())
+
+	// Saved now with it, it comes back.
+	patience.n = 4
+	_, err := acc.SaveState(dir)
+	require.NoError(t, err)
+	patience.n = 0
+	require.NoError(t, acc.LoadState(dir))
+	assert.Equal(t, int64(4), patience.n)
+}

@@ -54,11 +54,18 @@ type ResizeFunc func(saved [][]byte, rank, worldSize int) ([]byte, error)
 // Resize lets a PerRank value resume on a number of processes other than the one that saved it.
 func Resize(fn ResizeFunc) Option { return func(e *entry) { e.resize = fn } }
 
+// Optional lets a checkpoint lack the value, as a config file may lack a field added since it was written:
+// loading a checkpoint saved by a run that did not register it leaves the value as the program set it (its
+// default). Without it such a checkpoint is refused, naming the value, so that a value the program relies on
+// is never silently left at its default.
+func Optional() Option { return func(e *entry) { e.optional = true } }
+
 type entry struct {
-	name    string
-	value   Value
-	perRank bool
-	resize  ResizeFunc
+	name     string
+	value    Value
+	perRank  bool
+	optional bool
+	resize   ResizeFunc
 }
 
 func (e *entry) scope() string {
@@ -236,7 +243,7 @@ type Restore struct {
 }
 
 // Plan checks a checkpoint's values against the registry for rank of a run of worldSize processes: every
-// registered name is saved and every saved name registered, with the same scope; a per-process value was
+// registered name is saved (unless Optional) and every saved name registered, with the same scope; a per-process value was
 // saved by worldSize processes, or has a Resize; and each value's bytes are accepted by UnmarshalBinary on a
 // fresh value of its type. It changes nothing.
 func (r *Registry) Plan(saved Saved, rank, worldSize int) (*Restore, error) {
@@ -261,9 +268,13 @@ func (r *Registry) Plan(saved Saved, rank, worldSize int) (*Restore, error) {
 	p := &Restore{}
 	for _, e := range r.entries {
 		sv, ok := byName[e.name]
+		if !ok && e.optional {
+			continue // keeps the program's own value
+		}
 		if !ok {
 			return nil, fmt.Errorf("userstate: the checkpoint has no value %q, which this run registered: it was "+
-				"saved by a run that did not register it", e.name)
+				"saved by a run that did not register it (register it with Optional to let such a checkpoint "+
+				"leave it at the program's value)", e.name)
 		}
 		if sv.PerRank != e.perRank {
 			saved := "once"

@@ -134,6 +134,28 @@ func TestPlanChecksOnAFreshValue(t *testing.T) {
 	assert.Equal(t, 5, c.n, "Undo sets the value back")
 }
 
+// TestOptionalValueMayBeMissing: a checkpoint without an Optional value plans without it (the value keeps
+// the program's own); without Optional the same checkpoint is refused, naming the value and the option.
+func TestOptionalValueMayBeMissing(t *testing.T) {
+	saved := userstate.Saved{Values: []userstate.SavedValue{{Name: "a", Data: [][]byte{[]byte("3")}}}}
+	var reg userstate.Registry
+	a, added := &counter{}, &counter{7}
+	require.NoError(t, reg.Register("a", a))
+	require.NoError(t, reg.Register("added", added, userstate.Optional()))
+	p, err := reg.Plan(saved, 0, 1)
+	require.NoError(t, err)
+	require.NoError(t, p.Apply())
+	assert.Equal(t, 3, a.n)
+	assert.Equal(t, 7, added.n, "the missing optional value keeps its own")
+
+	var strict userstate.Registry
+	require.NoError(t, strict.Register("a", &counter{}))
+	require.NoError(t, strict.Register("added", &counter{}))
+	_, err = strict.Plan(saved, 0, 1)
+	assert.ErrorContains(t, err, `has no value "added"`)
+	assert.ErrorContains(t, err, "Optional")
+}
+
 // TestPlanChecksScopeAndCopies: a per-process value on the saved number of ranks gives each rank its own;
 // a value saved once with several copies, or a name twice, is refused.
 func TestPlanChecksScopeAndCopies(t *testing.T) {
