@@ -47,7 +47,7 @@ type LoaderSpec struct {
 type Prepared struct {
 	Model     *prepare.Model
 	Optimizer *prepare.Optimizer // nil without Spec.Optimizer
-	Scheduler *prepare.Scheduler // nil without Spec.Schedule
+	Scheduler *prepare.Scheduler // nil without Spec.Schedule or Spec.SizedSchedule
 	Loaders   []*prepare.DataLoader
 }
 

@@ -62,6 +62,11 @@ func TestChangelogMatchesRelease(t *testing.T) {
 	releases := regexp.MustCompile(`(?m)^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$`).FindAllStringSubmatch(string(data), -1)
 	require.NotEmpty(t, releases, "no release sections")
 	assert.Equal(t, Release, releases[0][1], "the newest release in CHANGELOG.md")
+	// The link references: [Unreleased] compares the newest release, and every release has its link.
+	assert.Contains(t, string(data), "[Unreleased]: https://github.com/goaccel/goaccel/compare/v"+Release+"...HEAD")
+	for _, r := range releases {
+		assert.Regexp(t, `(?m)^\[`+regexp.QuoteMeta(r[1])+`\]: https://`, string(data), "release %s has no link", r[1])
+	}
 
 	section := ""
 	var bullet strings.Builder

@@ -145,7 +145,7 @@ func (installed) Describe() cpu.Kernels {
 	}
 	switch {
 	case convkernel.Installed():
-		k.Convolutions = "im2col + gemm executors"
+		k.Convolutions = "goaccel's executors: a micro-kernel reading the padded input directly where it can (float32, AVX2, up to 2 spatial axes), else im2col + gemm"
 	case convgraph.CurrentForm() == convgraph.AsSlices:
 		k.Convolutions = "lowered to slices and dots in the graph"
 	}
