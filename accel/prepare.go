@@ -3,6 +3,7 @@ package accel
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gomlx/gomlx/pkg/ml/context"
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
@@ -26,9 +27,13 @@ type Spec struct {
 	OptimizerOptions []prepare.OptimizerOption
 	// Schedule, when not nil, drives the optimizer's learning rate (see PrepareScheduler).
 	Schedule prepare.Schedule
-	// SizedSchedule, instead of Schedule, is a schedule that needs the job's total number of optimizer
-	// steps (schedule.Cosine, schedule.Linear): Prepare computes it once the loaders are prepared, as
-	// Epochs × OptimizerStepsPerEpoch of the first loader, and prepares the schedule it returns.
+	// SizedSchedule, instead of Schedule, is a schedule that needs the job's length (schedule.Cosine,
+	// schedule.Linear). Prepare sizes it in examples once the loaders are prepared — Epochs × the first
+	// loader's dataset, with this run's examples per optimizer step for a warm-up given in steps — and each
+	// optimizer step gets the rate at the examples the job had seen before it, which the first loader's
+	// place (kept in checkpoints) gives: a job resumed with another global batch carries on from the
+	// share of the job it had done (docs/semantics.md, section 2). On a run that keeps its global batch
+	// and whole epochs these are the rates of a schedule sized with Epochs × OptimizerStepsPerEpoch.
 	SizedSchedule schedule.Sized
 	// Epochs is the number of epochs the job trains for, which sizes SizedSchedule.
 	Epochs int
@@ -86,8 +91,14 @@ func (a *Accelerator) Prepare(spec Spec) (Prepared, error) {
 	if p.Model, err = a.PrepareModel(ctx, spec.Model, spec.Loss, spec.ModelOptions...); err != nil {
 		return p, err
 	}
+	optimizerOptions := spec.OptimizerOptions
+	var job *jobSchedule
+	if spec.SizedSchedule != nil {
+		job = a.newJobSchedule(spec.SizedSchedule, spec.Epochs)
+		optimizerOptions = append(slices.Clip(optimizerOptions), prepare.AfterStep(job.afterStep))
+	}
 	if spec.Optimizer != nil {
-		if p.Optimizer, err = a.PrepareOptimizer(p.Model, spec.Optimizer, spec.OptimizerOptions...); err != nil {
+		if p.Optimizer, err = a.PrepareOptimizer(p.Model, spec.Optimizer, optimizerOptions...); err != nil {
 			return p, err
 		}
 	}
@@ -103,12 +114,8 @@ func (a *Accelerator) Prepare(spec Spec) (Prepared, error) {
 		}
 		p.Loaders = append(p.Loaders, loader)
 	}
-	if spec.SizedSchedule != nil {
-		perEpoch, err := a.OptimizerStepsPerEpoch(p.Loaders[0])
-		if err != nil {
-			return p, fmt.Errorf("accel: prepare: sizing the schedule: %w", err)
-		}
-		if p.Scheduler, err = a.PrepareScheduler(p.Optimizer, spec.SizedSchedule(int64(spec.Epochs)*perEpoch)); err != nil {
+	if job != nil {
+		if p.Scheduler, err = job.prepare(p.Optimizer, p.Loaders[0]); err != nil {
 			return p, err
 		}
 	}

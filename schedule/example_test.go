@@ -32,3 +32,17 @@ func ExampleMinRate() {
 	fmt.Printf("%.4f %.4f\n", rate(0), rate(4))
 	// Output: 0.1000 0.0100
 }
+
+// InExamples: sized in examples, a schedule gives the rate of the share of the job seen, whatever the
+// examples per step. A job of 64 examples with its warm-up over the first quarter: at 40 examples
+// (62.5%) the rate is the same for a run of 4 examples per step and one of 16.
+func ExampleInExamples() {
+	sized := schedule.Cosine(0.1, 0, schedule.WarmupRatio(0.25))
+	for _, perStep := range []int64{4, 16} {
+		rate := sized(64, schedule.InExamples(perStep))
+		fmt.Printf("%d per step: %.4f %.4f %.4f\n", perStep, rate(8), rate(16), rate(40))
+	}
+	// Output:
+	// 4 per step: 0.0500 0.1000 0.0500
+	// 16 per step: 0.0500 0.1000 0.0500
+}
