@@ -40,16 +40,32 @@ func WithTrackers(trackers ...Tracker) Option {
 // LogOption configures one Log call.
 type LogOption func(*logConfig)
 
-type logConfig struct{ meanOverRanks bool }
+type logConfig struct {
+	meanOverRanks bool
+	// weighted: WeightedBy(weight).
+	weighted bool
+	weight   float64
+}
 
 // MeanOverRanks logs each metric's mean over the ranks instead of the main process's own value (a loss
 // over the whole global batch, not over the main process's shard). Log is then collective: every rank
 // calls it for the same step with the same metric names, or every rank gets an error naming the names
-// each rank gave.
+// each rank gave. Every rank counts alike; when the ranks' values are means over different numbers of
+// examples, WeightedBy gives the mean over the examples.
 func MeanOverRanks() LogOption { return func(c *logConfig) { c.meanOverRanks = true } }
 
+// WeightedBy logs each metric's mean over the ranks weighted by weight, this rank's number of examples
+// behind its values: Σ value·weight / Σ weight, the mean over every example of the ranks when each value is
+// a mean over the rank's examples (a loss averaged over batches of unequal sizes, or over a different
+// number of them on each rank). Log is collective as with MeanOverRanks, which WeightedBy replaces. A
+// rank of weight 0 contributes nothing, even a NaN; weights that are negative, or that sum to 0 over the
+// ranks, are an error on every rank. See WeightedMean for one value outside Log.
+func WeightedBy(weight float64) LogOption {
+	return func(c *logConfig) { c.weighted, c.weight = true, weight }
+}
+
 // Log records metrics for step on the main process's trackers (WithTrackers); other processes do nothing
-// (with MeanOverRanks they contribute their values). A checkpoint remembers how many records were logged
+// (with MeanOverRanks or WeightedBy they contribute their values). A checkpoint remembers how many records were logged
 // before it, and a run resumed from it drops the later ones, so that the logs hold no duplicate rows after
 // a resume.
 func (a *Accelerator) Log(step int64, metrics map[string]float64, opts ...LogOption) error {
@@ -63,7 +79,14 @@ func (a *Accelerator) Log(step int64, metrics map[string]float64, opts ...LogOpt
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	if cfg.meanOverRanks && a.WorldSize() > 1 {
+	switch {
+	case cfg.weighted:
+		mean, err := a.weightedMeans(step, metrics, cfg.weight)
+		if err != nil {
+			return err
+		}
+		metrics = mean
+	case cfg.meanOverRanks && a.WorldSize() > 1:
 		mean, err := a.meanOverRanks(step, metrics)
 		if err != nil {
 			return err
@@ -398,11 +421,9 @@ func sortedNames(metrics map[string]float64) []string {
 // meanOverRanks averages metrics over the ranks, after checking that every rank logs the same names for
 // the same step (the values travel in name order, so different names would mix up metrics).
 func (a *Accelerator) meanOverRanks(step int64, metrics map[string]float64) (map[string]float64, error) {
-	names := slices.Sorted(maps.Keys(metrics))
-	same := []replicas.Setting{{Name: "what Log(MeanOverRanks) records", Value: fmt.Sprintf("step %d: %s", step,
-		strings.Join(names, ", "))}}
-	if err := replicas.CheckSameSettings(a.comm, same); err != nil {
-		return nil, fmt.Errorf("accel: log: %w", err)
+	names, err := a.sameMetricNames(step, metrics, "MeanOverRanks")
+	if err != nil {
+		return nil, err
 	}
 	sums := make([]float64, len(names))
 	for i, name := range names {
@@ -416,4 +437,98 @@ func (a *Accelerator) meanOverRanks(step int64, metrics map[string]float64) (map
 		mean[name] = sums[i] / float64(a.WorldSize())
 	}
 	return mean, nil
+}
+
+// sameMetricNames returns the metrics' names in order, once every rank is known to log the same ones for
+// step.
+func (a *Accelerator) sameMetricNames(step int64, metrics map[string]float64, option string) ([]string, error) {
+	names := slices.Sorted(maps.Keys(metrics))
+	if a.WorldSize() == 1 {
+		return names, nil
+	}
+	same := []replicas.Setting{{Name: "what Log(" + option + ") records", Value: fmt.Sprintf("step %d: %s", step,
+		strings.Join(names, ", "))}}
+	if err := replicas.CheckSameSettings(a.comm, same); err != nil {
+		return nil, fmt.Errorf("accel: log: %w", err)
+	}
+	return names, nil
+}
+
+// weightedMeans is Log's WeightedBy: each metric's mean over the ranks weighted by weight.
+func (a *Accelerator) weightedMeans(step int64, metrics map[string]float64, weight float64) (map[string]float64, error) {
+	names, err := a.sameMetricNames(step, metrics, "WeightedBy")
+	if err != nil {
+		return nil, err
+	}
+	values := make([]float64, len(names))
+	for i, name := range names {
+		values[i] = metrics[name]
+	}
+	means, total, err := a.weightedMeansOverRanks(values, weight)
+	if err != nil {
+		return nil, fmt.Errorf("accel: log step %d: %w", step, err)
+	}
+	if total == 0 {
+		return nil, fmt.Errorf("accel: log step %d: the weights (WeightedBy) sum to 0 over the ranks: no example "+
+			"to average", step)
+	}
+	mean := make(map[string]float64, len(names))
+	for i, name := range names {
+		mean[name] = means[i]
+	}
+	return mean, nil
+}
+
+// WeightedMean is the mean of value over every process, weighted by weight: Σ value·weight / Σ weight. When
+// each process's value is a mean over its own examples (a loss averaged over the batches it trained) and
+// weight is their number, it is the mean over every example of the job, which a plain mean over processes
+// or over batches is not once batches differ in size: the last, short batch of an epoch, or batches of
+// another size after a run resumed on another number of processes. totalWeight is Σ weight. Weights are
+// meant to be positive: a process of weight 0 contributes nothing, even a NaN value; when the weights sum
+// to 0, mean is NaN.
+//
+// Collective: every process calls it, with one value (one all-reduce of two numbers); a negative weight is
+// an error on every process. For metrics logged with Log, WeightedBy does the same.
+func (a *Accelerator) WeightedMean(value, weight float64) (mean, totalWeight float64, err error) {
+	if err := a.checkOpen(); err != nil {
+		return 0, 0, err
+	}
+	means, total, err := a.weightedMeansOverRanks([]float64{value}, weight)
+	if err != nil {
+		return 0, 0, fmt.Errorf("accel: weighted mean: %w", err)
+	}
+	return means[0], total, nil
+}
+
+// weightedMeansOverRanks all-reduces Σ value·weight for each value, Σ weight and the number of negative
+// weights in one call, and returns the weighted means (NaN when the weights sum to 0) and Σ weight. A
+// negative weight on any rank is an error on every rank.
+func (a *Accelerator) weightedMeansOverRanks(values []float64, weight float64) ([]float64, float64, error) {
+	sums := make([]float64, len(values)+2)
+	if weight != 0 {
+		for i, v := range values {
+			sums[i] = v * weight
+		}
+	}
+	sums[len(values)] = weight
+	if weight < 0 || math.IsNaN(weight) {
+		sums[len(values)+1] = 1
+	}
+	if a.WorldSize() > 1 {
+		if err := a.comm.AllReduceSum(backends.BufferOf(sums)); err != nil {
+			return nil, 0, fmt.Errorf("summing over the ranks: %w", err)
+		}
+	}
+	if negative := sums[len(values)+1]; negative > 0 {
+		return nil, 0, fmt.Errorf("%g rank(s) gave a negative or NaN weight: weights count examples", negative)
+	}
+	total := sums[len(values)]
+	means := make([]float64, len(values))
+	for i := range values {
+		means[i] = math.NaN()
+		if total != 0 {
+			means[i] = sums[i] / total
+		}
+	}
+	return means, total, nil
 }

@@ -35,7 +35,7 @@ type summary struct {
 	ComputeSeconds    float64   `json:"compute_seconds"`
 	TrainTokens       int64     `json:"train_tokens"`    // every process's predicted bytes
 	TrainExamples     int64     `json:"train_examples"`  // every process's windows
-	FinalLoss         jsonFloat `json:"final_loss"`      // mean training loss of the last micro-batches
+	FinalLoss         jsonFloat `json:"final_loss"`      // mean training loss over the last micro-batches' examples
 	ValidationLoss    jsonFloat `json:"validation_loss"` // nats per byte
 	// TrainSeconds is the wall time of the training loop alone (no loading, compiling or evaluation), and
 	// the rates are the job's over it.

@@ -25,7 +25,7 @@ type trainResult struct {
 	parameters int
 	// tokens and windows are the job's: every process's micro-batches, counted once.
 	tokens, windows int64
-	// finalLoss is the mean training loss of the last optimizer steps' micro-batches, over all processes.
+	// finalLoss is the mean training loss over the examples of the last micro-batches, all processes.
 	finalLoss float64
 	// trainTime is the wall time of the training loop alone, started together on every process.
 	trainTime time.Duration
@@ -87,7 +87,10 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 	}
 	defer func() { _ = stopProfile() }()
 	start := time.Now()
-	var recent []float64 // the last micro-batches' losses on this process
+	// recent are this process's last micro-batches: each one's loss (the mean over its examples) and its
+	// number of examples, which weighs it in the final loss, a mean over examples.
+	type microBatch struct{ loss, examples float64 }
+	var recent []microBatch
 	var localWindows int64
 	report := max(cfg.steps/10, 1)
 	for epoch := 0; opt.Steps() < int64(cfg.steps); epoch++ {
@@ -121,7 +124,7 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 				return nil, fmt.Errorf("epoch %d, batch %d: %w", epoch+1, batch.Step+1, err)
 			}
 			localWindows += int64(batch.Valid)
-			if recent = append(recent, loss); len(recent) > lossWindow {
+			if recent = append(recent, microBatch{loss, float64(batch.Size())}); len(recent) > lossWindow {
 				recent = recent[1:]
 			}
 			if stepped && !cfg.quiet && (opt.Steps()%int64(report) == 0 || opt.Steps() == 1) {
@@ -144,11 +147,11 @@ func train(acc *accel.Accelerator, cfg config, data prepare.Source, stdout io.Wr
 		return nil, err
 	}
 	res.steps = opt.Steps()
-	var lossSum float64
-	for _, l := range recent {
-		lossSum += l
+	var lossSum, examples float64
+	for _, mb := range recent {
+		lossSum, examples = lossSum+mb.loss*mb.examples, examples+mb.examples
 	}
-	total, err := acc.Reduce(tensors.FromValue([]float64{float64(localWindows), lossSum, float64(len(recent))}), accel.Sum)
+	total, err := acc.Reduce(tensors.FromValue([]float64{float64(localWindows), lossSum, examples}), accel.Sum)
 	if err != nil {
 		return nil, fmt.Errorf("summing the training counts: %w", err)
 	}

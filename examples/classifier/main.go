@@ -61,7 +61,7 @@ func run(args []string, out io.Writer) (err error) {
 	p, err := acc.Prepare(accel.Spec{
 		Model: mlp, Loss: losses.SparseCategoricalCrossEntropyLogits,
 		Optimizer:     optimizers.Adam().Done(),
-		SizedSchedule: accel.Cosine(0.01, 10), Epochs: *epochs, // sized by this job's optimizer steps
+		SizedSchedule: accel.Cosine(0.01, 10), Epochs: *epochs, // sized by the job: Epochs × the training set
 		Loaders: []accel.LoaderSpec{{Source: train, Options: []accel.LoaderOption{accel.BatchSize(32), accel.Shuffle()}}},
 	})
 	if err != nil {
@@ -77,14 +77,19 @@ func run(args []string, out io.Writer) (err error) {
 
 	for epoch := loader.Epoch(); epoch < *epochs; epoch++ {
 		loader.SetEpoch(epoch)
+		// The epoch's training loss on this process: each batch's mean loss weighted by its examples, so that
+		// the epoch's loss is a mean over examples however the batches are sized (the last one may be short).
+		var lossSum, examples float64
 		for batch, err := range loader.All() {
 			if err != nil {
 				return err
 			}
 			err = acc.Accumulate(func() error {
-				if _, err := acc.Backward(p.Model, batch); err != nil {
+				loss, err := acc.Backward(p.Model, batch)
+				if err != nil {
 					return err
 				}
+				lossSum, examples = lossSum+loss*float64(batch.Size()), examples+float64(batch.Size())
 				if _, err := p.Optimizer.Step(); err != nil {
 					return err
 				}
@@ -94,11 +99,18 @@ func run(args []string, out io.Writer) (err error) {
 				return err
 			}
 		}
+		// Over every process: each one's mean weighted by its examples (a plain mean of the processes' losses
+		// would not weigh them by what they trained).
+		trainLoss, _, err := acc.WeightedMean(lossSum/examples, examples)
+		if err != nil {
+			return err
+		}
 		results, err := evaluate(acc, p.Model, test)
 		if err != nil {
 			return err
 		}
-		acc.Printf("epoch %d: accuracy %.3f, cross-entropy %.3f\n", epoch+1, results["accuracy"], results["cross_entropy"])
+		acc.Printf("epoch %d: accuracy %.3f, cross-entropy %.3f, train loss %.3f\n", epoch+1, results["accuracy"],
+			results["cross_entropy"], trainLoss)
 		if *checkpoints != "" {
 			// Saved after the epoch's last batch, the checkpoint resumes at the next epoch's start.
 			if _, err := acc.SaveState(*checkpoints); err != nil {

@@ -9,36 +9,51 @@ import (
 )
 
 // TestRunningLossRoundTrips: the running loss survives its bytes exactly, NaN included, and refuses bytes
-// of another length or negative counts.
+// of another length or format, negative counts, and by name the 32 bytes of earlier versions (which counted
+// micro-batches).
 func TestRunningLossRoundTrips(t *testing.T) {
-	for _, want := range []runningLoss{{}, {stepLossSum: 1.25, stepBatches: 2, epochLossSum: 7.5, epochBatches: 9},
-		{stepLossSum: math.NaN(), epochLossSum: math.Inf(1), epochBatches: 1}} {
+	for _, want := range []runningLoss{{}, {stepLossSum: 1.25, stepExamples: 2, epochLossSum: 7.5, epochExamples: 9},
+		{stepLossSum: math.NaN(), epochLossSum: math.Inf(1), epochExamples: 1}} {
 		data, err := want.MarshalBinary()
 		require.NoError(t, err)
 		var got runningLoss
 		require.NoError(t, got.UnmarshalBinary(data))
 		assert.Equal(t, math.Float64bits(want.stepLossSum), math.Float64bits(got.stepLossSum))
 		assert.Equal(t, math.Float64bits(want.epochLossSum), math.Float64bits(got.epochLossSum))
-		assert.Equal(t, want.stepBatches, got.stepBatches)
-		assert.Equal(t, want.epochBatches, got.epochBatches)
+		assert.Equal(t, want.stepExamples, got.stepExamples)
+		assert.Equal(t, want.epochExamples, got.epochExamples)
 	}
 	var r runningLoss
-	assert.ErrorContains(t, r.UnmarshalBinary(make([]byte, 31)), "want 32 bytes")
-	bad, _ := (&runningLoss{epochBatches: -1}).MarshalBinary()
-	assert.ErrorContains(t, r.UnmarshalBinary(bad), "negative batch counts")
+	assert.ErrorContains(t, r.UnmarshalBinary(make([]byte, 31)), "want 40 bytes")
+	assert.ErrorContains(t, r.UnmarshalBinary(make([]byte, 32)), "earlier version of the demo")
+	assert.ErrorContains(t, r.UnmarshalBinary(make([]byte, 40)), "format 0")
+	bad, _ := (&runningLoss{epochExamples: -1}).MarshalBinary()
+	assert.ErrorContains(t, r.UnmarshalBinary(bad), "negative example counts")
+}
+
+// TestRunningLossWeighsExamples: the running means are over examples: a batch of 8 at loss 1 and one of 2
+// at loss 6 average to 2, not to the 3.5 of their two losses.
+func TestRunningLossWeighsExamples(t *testing.T) {
+	var r runningLoss
+	assert.True(t, math.IsNaN(r.epochLoss()), "no example yet")
+	r.add(1, 8)
+	r.add(6, 2)
+	assert.Equal(t, 2.0, r.stepLoss())
+	assert.Equal(t, 2.0, r.epochLoss())
+	assert.Equal(t, int64(10), r.epochExamples)
 }
 
 // TestRunningLossMovesToTheMainProcess: on another number of processes the saved running sums are summed
 // into the new main process and the others start from zero, so the job's totals stay whole.
 func TestRunningLossMovesToTheMainProcess(t *testing.T) {
 	var saved [][]byte
-	for _, r := range []runningLoss{{epochLossSum: 1, epochBatches: 2}, {epochLossSum: 3, epochBatches: 4},
-		{epochLossSum: 5, epochBatches: 6}} {
+	for _, r := range []runningLoss{{epochLossSum: 1, epochExamples: 2}, {epochLossSum: 3, epochExamples: 4},
+		{epochLossSum: 5, epochExamples: 6}} {
 		data, err := r.MarshalBinary()
 		require.NoError(t, err)
 		saved = append(saved, data)
 	}
-	for rank, want := range []runningLoss{{epochLossSum: 9, epochBatches: 12}, {}} {
+	for rank, want := range []runningLoss{{epochLossSum: 9, epochExamples: 12}, {}} {
 		data, err := sumRunningLoss(saved, rank, 2)
 		require.NoError(t, err)
 		var got runningLoss

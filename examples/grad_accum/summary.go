@@ -45,9 +45,9 @@ type summary struct {
 	BestTestAccuracy float64   `json:"best_test_accuracy"` // the best epoch's with -eval-each-epoch
 	// RestartCount is how many times `accel launch --max-restarts` restarted the job before this run.
 	RestartCount int `json:"restart_count"`
-	// FinalLoss is the mean training loss of the last epoch, all processes; null when it is not a number
-	// (a diverged run) or when there is none (a run resumed after its last epoch from a checkpoint that
-	// does not keep it).
+	// FinalLoss is the mean training loss over the last epoch's examples, all processes; null when it is
+	// not a number (a diverged run) or when there is none (a run resumed after its last epoch from a
+	// checkpoint that does not keep it).
 	FinalLoss jsonFloat `json:"final_loss"`
 	Model     string    `json:"model"`
 	// TrainSeconds is the wall time of the training loop alone (no data loading, no evaluation), and

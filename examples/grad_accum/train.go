@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
@@ -76,9 +75,10 @@ type trainResult struct {
 	model *prepare.Model
 	// steps is the number of optimizer steps taken.
 	steps int64
-	// lastEpochLossSum and lastEpochBatches give this process's mean loss over the last epoch.
-	lastEpochLossSum float64
-	lastEpochBatches int64
+	// lastEpochLossSum and lastEpochExamples give this process's mean loss over the last epoch's examples
+	// (the sum of each micro-batch's loss times its examples, and their number).
+	lastEpochLossSum  float64
+	lastEpochExamples int64
 	// lastAccuracy is the last epoch's test accuracy and best the best epoch's (-eval-each-epoch).
 	lastAccuracy float64
 	best         *bestAccuracy
@@ -139,7 +139,7 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 	// A run resumed after its last epoch trains nothing: its last epoch's loss is the one the checkpoint
 	// kept (the running sums are reset only when an epoch starts).
 	res := &trainResult{model: model, best: best, lastEpochLossSum: running.epochLossSum,
-		lastEpochBatches: running.epochBatches}
+		lastEpochExamples: running.epochExamples}
 	ran := 0          // micro-batches of this run
 	lastSavedAt := -1 // ran at this run's newest checkpoint, -1 when something changed since
 	save := func() error {
@@ -155,7 +155,7 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 		loader.SetEpoch(epoch)
 		if loader.Position() == 0 {
 			// A new epoch; a resumed one keeps the restored sums of its first part.
-			running.epochLossSum, running.epochBatches = 0, 0
+			running.epochLossSum, running.epochExamples = 0, 0
 		}
 		epochStart := time.Now()
 		bar.startEpoch(epoch, cfg.epochs, loader.Len(), loader.Position())
@@ -173,23 +173,22 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 				if stepped, err = opt.Step(); err != nil {
 					return err
 				}
-				running.stepLossSum += loss
-				running.stepBatches++
+				// Backward's loss is the mean over the batch's examples: weighted by them, the sums give
+				// means over examples, whatever the size of each batch.
+				running.add(loss, batch.Size())
 				if stepped {
-					// The loss curve: the mean loss of the main process's micro-batches in the step, logged
-					// without a collective per step to average it over processes.
-					if err := acc.Log(opt.Steps(), map[string]float64{"loss": running.stepLossSum / float64(running.stepBatches)}); err != nil {
+					// The loss curve: the mean loss over the main process's examples of the step, logged
+					// without a collective per step to average it over processes (accel.WeightedBy would).
+					if err := acc.Log(opt.Steps(), map[string]float64{"loss": running.stepLoss()}); err != nil {
 						return err
 					}
-					running.stepLossSum, running.stepBatches = 0, 0
+					running.stepLossSum, running.stepExamples = 0, 0
 				}
 				return opt.ZeroGrad()
 			})
 			if err != nil {
 				return nil, fmt.Errorf("epoch %d, batch %d: %w", epoch+1, batch.Step+1, err)
 			}
-			running.epochLossSum += loss
-			running.epochBatches++
 			bar.update(loss)
 			ran++
 			if stepped && cfg.checkpointEvery > 0 && opt.Steps()%int64(cfg.checkpointEvery) == 0 {
@@ -209,12 +208,12 @@ func train(acc *accel.Accelerator, cfg config, data, test *fashionmnist.Dataset,
 			}
 		}
 		bar.endEpoch()
-		res.lastEpochLossSum, res.lastEpochBatches = running.epochLossSum, running.epochBatches
+		res.lastEpochLossSum, res.lastEpochExamples = running.epochLossSum, running.epochExamples
 		if res.stoppedEarly {
 			break
 		}
 		acc.Printf("epoch %d/%d: mean train loss %.4f%s, %d optimizer steps so far, %s\n", epoch+1, cfg.epochs,
-			running.epochLossSum/float64(max(running.epochBatches, 1)), rankNote(acc), opt.Steps(),
+			running.epochLoss(), rankNote(acc), opt.Steps(),
 			time.Since(epochStart).Round(time.Millisecond))
 		if cfg.evalEachEpoch {
 			if res.lastAccuracy, err = evaluate(acc, model, test); err != nil {
@@ -258,18 +257,15 @@ func rankNote(acc *accel.Accelerator) string {
 	return fmt.Sprintf(" (rank %d's shard)", acc.Rank())
 }
 
-// globalLastEpochLoss is the mean training loss of the last epoch over every process's micro-batches: one
-// small all-reduce, done once, so it does not blur the training's communication counters. trained is
-// false, and the loss NaN, when no process has a micro-batch of the last epoch to average.
+// globalLastEpochLoss is the mean training loss of the last epoch over every process's examples (each
+// process's mean weighted by its examples): one small all-reduce, done once, so it does not blur the
+// training's communication counters. trained is false, and the loss NaN, when no process has an example
+// of the last epoch to average.
 func (r *trainResult) globalLastEpochLoss(acc *accel.Accelerator) (loss float64, trained bool, err error) {
-	local := tensors.FromValue([]float64{r.lastEpochLossSum, float64(r.lastEpochBatches)})
-	total, err := acc.Reduce(local, accel.Sum)
+	mean := meanOf(r.lastEpochLossSum, r.lastEpochExamples)
+	loss, examples, err := acc.WeightedMean(mean, float64(r.lastEpochExamples))
 	if err != nil {
 		return 0, false, fmt.Errorf("averaging the final loss: %w", err)
 	}
-	sums := tensors.MustCopyFlatData[float64](total)
-	if sums[1] == 0 {
-		return math.NaN(), false, nil
-	}
-	return sums[0] / sums[1], true, nil
+	return loss, examples > 0, nil
 }
