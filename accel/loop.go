@@ -154,6 +154,10 @@ func Linear(peak float64, warmupSteps int64, opts ...ScheduleOption) SizedSchedu
 // MinRate sets the rate a schedule decays to (default 0).
 func MinRate(rate float64) ScheduleOption { return schedule.MinRate(rate) }
 
+// WarmupRatio gives a schedule's warm-up as a share of the job (Hugging Face's warmup_ratio): the same curve
+// on any number of processes, across a resume that changes the global batch too.
+func WarmupRatio(ratio float64) ScheduleOption { return schedule.WarmupRatio(ratio) }
+
 // NewMetrics returns a set of metrics computed over every process's shard: an *Accelerator is the gatherer.
 func NewMetrics(g metrics.Gatherer, ms ...Metric) *MetricSet { return metrics.New(g, ms...) }
 
