@@ -6,7 +6,6 @@ import (
 	"hash/crc32"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -242,32 +241,6 @@ func TestTensorBoardTrackerResume(t *testing.T) {
 	require.Len(t, eventFiles(t, empty), 1)
 }
 
-// TestTensorBoardTrackerReadByTensorBoard: where Python's tensorboard package is installed, its own
-// reader loads the scalars (skipped otherwise: the format is checked above).
-func TestTensorBoardTrackerReadByTensorBoard(t *testing.T) {
-	python, err := exec.LookPath("python3")
-	if err != nil || exec.Command(python, "-c", "import tensorboard").Run() != nil {
-		t.Skip("python3 with the tensorboard package is not installed")
-	}
-	dir := t.TempDir()
-	tracker := accel.NewTensorBoardTracker(dir)
-	require.NoError(t, tracker.Log(7, map[string]float64{"loss": 0.5}))
-	require.NoError(t, tracker.Log(8, map[string]float64{"loss": 0.25}))
-	require.NoError(t, tracker.Close())
-	script := `
-import sys
-from tensorboard.backend.event_processing import event_accumulator
-acc = event_accumulator.EventAccumulator(sys.argv[1])
-acc.Reload()
-for s in acc.Scalars("loss"):
-    print(s.step, s.value)
-`
-	out, err := exec.Command(python, "-c", script, dir).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	assert.Equal(t, "7 0.5\n8 0.25\n", string(out))
-}
-
-// A TensorBoard tracker beside the CSV one: `tensorboard --logdir runs/exp1/tb` plots the same metrics.
 func ExampleNewTensorBoardTracker() {
 	dir, _ := os.MkdirTemp("", "goaccel-tb")
 	defer os.RemoveAll(dir)
