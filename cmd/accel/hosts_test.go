@@ -20,8 +20,10 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if builtAccel.dir != "" {
-		_ = os.RemoveAll(builtAccel.dir)
+	for _, dir := range []string{builtAccel.dir, builtMinimal.dir} {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }

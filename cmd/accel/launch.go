@@ -48,8 +48,9 @@ func (a *app) launch(args []string) int {
 	fs.Var(&mpirunArgs, "mpirun-arg", "pass `ARG` to mpirun before the program (repeatable)")
 	mpirun := fs.String("mpirun", "mpirun", "the MPI launcher `program` to run")
 	dryRun := fs.Bool("dry-run", false, "print the mpirun command line instead of running it")
-	outputDir := fs.String("output-dir", "", "keep every rank's whole output in `DIR`/rank-N.log (default: a "+
-		"temporary directory, kept and named only when the job fails)")
+	outputDir := fs.String("output-dir", "", "keep every rank's whole output in `DIR`/rank-N.log, the processes' "+
+		"hosts and PIDs in DIR/ranks.txt, and --check's output in DIR/check/ (default: a temporary directory, kept and "+
+		"named only when the job or the check fails)")
 	maxRestarts := fs.Int("max-restarts", 0, "start the whole job again, up to `N` times, when one of its processes "+
 		"fails or is killed; the program resumes from its checkpoints and reads the count as "+
 		launch.RestartCountEnvVar)
@@ -110,6 +111,10 @@ func (a *app) launch(args []string) int {
 		}
 	}
 	restarts := 0
+	// A notice about the hosts comes from the check and from the job: it is said once.
+	noticed := map[string]bool{}
+	// The job's output, once it is started: a restart's processes announce themselves anew.
+	var out *launch.Output
 	opts := append([]launch.Option{
 		launch.WithMPIRun(*mpirun),
 		launch.WithHosts(hostList...),
@@ -123,11 +128,34 @@ func (a *app) launch(args []string) int {
 		launch.WithRestartNotice(func(r launch.Restart) {
 			restarts = r.Count
 			fmt.Fprintf(a.stderr, "accel launch: %s\n", r)
+			if out != nil {
+				out.Restarted()
+			}
+		}),
+		launch.WithNotice(func(notice string) {
+			if !noticed[notice] {
+				noticed[notice] = true
+				fmt.Fprintf(a.stderr, "accel launch: %s\n", notice)
+			}
 		}),
 	}, a.launchOptions...)
 
+	// Every line comes tagged with its rank: the terminal gets one copy of each error and none of mpirun's
+	// banners that restate it; the logs get everything, the check's too.
+	dir, keep := *outputDir, *outputDir != ""
+	if !*dryRun && dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "accel-launch-"); err != nil {
+			fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
+			return 1
+		}
+	}
 	if *check {
-		if code := a.check(*procs, *checkTimeout, *dryRun, opts); code != 0 || fs.NArg() == 0 {
+		code := a.check(*procs, *checkTimeout, *dryRun, filepath.Join(dir, "check"), opts)
+		if !*dryRun && !keep && (code == 0 && fs.NArg() == 0 || code != 0 && !logsWritten(filepath.Join(dir, "check"))) {
+			_ = os.RemoveAll(dir) // nothing to look at: the check succeeded and is all, or never started
+		}
+		if code != 0 || fs.NArg() == 0 {
 			return code
 		}
 	}
@@ -141,22 +169,18 @@ func (a *app) launch(args []string) int {
 		fmt.Fprintln(a.stdout, launch.String(argv))
 		return 0
 	}
-	// Every line comes tagged with its rank: the terminal gets one copy of each error and none of mpirun's
-	// banners that restate it; the logs get everything.
-	dir, keep := *outputDir, *outputDir != ""
-	if dir == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "accel-launch-"); err != nil {
-			fmt.Fprintf(a.stderr, "accel launch: %v\n", err)
-			return 1
-		}
-	}
 	out, err := launch.NewOutput(dir, a.stdout, a.stderr)
 	if err != nil {
 		fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
 		return 1
 	}
-	opts = append(opts, launch.WithTaggedOutput(), launch.WithStdio(a.stdin, out.Stdout(), out.Stderr()))
+	// Each process says its host and PID as it starts, for whoever wants to signal or profile one.
+	out.OnRanks(func(procs []launch.RankProcess, file string) {
+		fmt.Fprintf(a.stderr, "accel launch: the job's %d process(es), as they started (also in %s):\n%s", len(procs),
+			file, launch.RankTable(procs))
+	})
+	opts = append(opts, launch.WithTaggedOutput(), launch.WithRankAnnouncements(),
+		launch.WithStdio(a.stdin, out.Stdout(), out.Stderr()))
 	var failure *launch.Failure
 	opts = append(opts, launch.WithFailureNotice(func(f launch.Failure) { failure = &f }))
 	code, err := launch.Run(context.Background(), *procs, program, programArgs, opts...)
@@ -204,8 +228,9 @@ func (a *app) launch(args []string) int {
 const checkRankCommand = "check-rank"
 
 // check runs `accel launch --check`: this binary's check-rank command in procs processes with the job's
-// options, and prints the report (or, with dryRun, the command line). It returns the exit code.
-func (a *app) check(procs int, timeout time.Duration, dryRun bool, opts []launch.Option) int {
+// options, keeping their output in logs, and prints the report (or, with dryRun, the command line). It
+// returns the exit code.
+func (a *app) check(procs int, timeout time.Duration, dryRun bool, logs string, opts []launch.Option) int {
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(a.stderr, "accel launch: --check: locating accel itself: %v\n", err)
@@ -213,7 +238,8 @@ func (a *app) check(procs int, timeout time.Duration, dryRun bool, opts []launch
 	}
 	args := []string{checkRankCommand, "-timeout", timeout.String()}
 	if dryRun {
-		argv, err := launch.Argv(procs, self, args, opts...)
+		// The check tags every line with its rank, as launch.Check runs it.
+		argv, err := launch.Argv(procs, self, args, append(opts, launch.WithTaggedOutput())...)
 		if err != nil {
 			fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))
 			return 1
@@ -229,7 +255,7 @@ func (a *app) check(procs int, timeout time.Duration, dryRun bool, opts []launch
 	ctx, cancel := context.WithTimeoutCause(context.Background(), timeout,
 		fmt.Errorf("no result within -check-timeout %s", timeout))
 	defer cancel()
-	report, err := launch.Check(ctx, procs, self, args, opts...)
+	report, err := launch.Check(ctx, procs, self, args, append(opts, launch.WithCheckLogs(logs))...)
 	if report != nil {
 		fmt.Fprint(a.stdout, "accel launch --check: ", report)
 	}
@@ -269,4 +295,15 @@ func (a *app) checkRank(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// logsWritten reports whether the directory of a check's logs holds anything: a process or mpirun wrote.
+func logsWritten(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Size() > 0 {
+			return true
+		}
+	}
+	return false
 }

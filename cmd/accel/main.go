@@ -16,9 +16,12 @@
 // unless -n says fewer; goaccel's, GoMLX's and PJRT's variables and CUDA_VISIBLE_DEVICES reach every host
 // (--env NAME adds more); --net keeps MPI's data and control traffic on one network, --launch-agent starts
 // the remote daemons with another command than ssh, and a host that cannot be reached is named before
-// anything starts. --check first runs a short job across the hosts (every process reports its host,
-// goaccel version and MPI library; timed all-reduces report the bandwidth) and stops there when the
-// builds differ or without a PROGRAM. With --max-restarts N (torchrun's
+// anything starts; several hosts that name this machine (127.0.0.1, 127.0.0.2) are said to be one machine,
+// and their processes talk over TCP. --check first runs a short job across the hosts (every process
+// reports its host, goaccel version and MPI library; timed all-reduces report the bandwidth) and stops
+// there when the builds differ, a process fails (its crash report's lines that matter are quoted, and its
+// whole output kept in the output directory's check/), or without a PROGRAM. As the job starts, each
+// process's host and PID are listed, and written to the output directory's ranks.txt. With --max-restarts N (torchrun's
 // flag), a job one of whose processes fails or is killed is started again, whole, up to N times; the
 // launcher says which rank failed and the restart count, and the program, which reads the count as
 // GOACCEL_RESTART_COUNT (Accelerator.RestartCount), resumes from its newest checkpoint. The program must be

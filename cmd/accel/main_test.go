@@ -333,10 +333,13 @@ func TestLaunchProgramThatCannotRun(t *testing.T) {
 // mpirun's banner, and every rank's whole output under -output-dir.
 func TestLaunchFailureOutput(t *testing.T) {
 	mpitest.RequireMPIRun(t)
-	dir := filepath.Join(t.TempDir(), "logs")
+	dir, ready := filepath.Join(t.TempDir(), "logs"), t.TempDir()
 	a, stdout, stderr := newTestApp()
+	// Each rank exits once all four have written (on a loaded machine mpirun would otherwise end the last
+	// ranks before they start).
 	code := a.run([]string{"launch", "-n", "4", "-output-dir", dir, "sh", "-c",
-		`echo "step 1"; echo "demo: rank $OMPI_COMM_WORLD_RANK of 4: -k must be at least 1" >&2; exit 3`})
+		`echo "step 1"; echo "demo: rank $OMPI_COMM_WORLD_RANK of 4: -k must be at least 1" >&2
+touch "$0/$OMPI_COMM_WORLD_RANK"; while [ "$(ls "$0" | wc -l)" -lt 4 ]; do sleep 0.05; done; exit 3`, ready})
 	assert.Equal(t, 3, code)
 	assert.Equal(t, 4, strings.Count(stdout.String(), "step 1"), "the ranks' standard output passes")
 	assert.Regexp(t, `accel launch: the job failed \(exit code 3\): (rank \d|a process) exited with code 3; what the ranks reported:\n`+

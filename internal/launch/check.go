@@ -1,15 +1,17 @@
 package launch
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 )
 
 // CheckLinePrefix starts the line in which rank 0 of a check reports, among whatever else the processes
@@ -158,38 +160,50 @@ func Mismatches(ranks []RankCheck) error {
 // command), with the same options as the job (hosts, network, launch agent, environment). It returns the
 // report, and an error when a host cannot be reached (a *HostError, before anything starts, see
 // WithHostProbe), a process fails, the processes run different goaccel versions or MPI libraries (a
-// *MismatchError, with the report), or ctx ends first: give it a deadline, a check must not hang.
+// *MismatchError, with the report), or ctx ends first: give it a deadline, a check must not hang. The error
+// of a check that failed quotes what the processes said that matters, each line after its rank: the
+// first lines of a crash report (the panic or signal, and the failing call: see crashExcerpt), else their
+// last error lines; WithCheckLogs keeps all of it.
 func Check(ctx context.Context, procs int, program string, args []string, opts ...Option) (*CheckReport, error) {
 	c := newConfig(opts)
-	c.maxRestarts, c.tagOutput = 0, false
-	var stdout, stderr bytes.Buffer
-	c.stdout, c.stderr = &stdout, &stderr
+	// Every line tagged with its rank (Open MPI): what each process said can be told apart.
+	c.maxRestarts, c.tagOutput, c.announce = 0, true, false
+	lines := &checkLines{}
+	if c.checkLogs != "" {
+		logs, err := NewOutput(c.checkLogs, io.Discard, io.Discard)
+		if err != nil {
+			return nil, err
+		}
+		defer logs.Close()
+		lines.logs = logs
+	}
+	c.stdout, c.stderr = &lineWriter{emit: lines.line}, &lineWriter{emit: lines.line}
 	code, failure, err := c.runOnce(ctx, procs, program, args, nil)
-	output := func() string { return tailLines(stderr.String()+stdout.String(), 15) }
+	failed := -1
+	if failure != nil {
+		failed = failure.Rank
+	}
+	output := func() string { return lines.explain(failed, c.checkLogs) }
 	switch {
 	case err != nil:
 		return nil, err
 	case ctx.Err() != nil:
-		return nil, fmt.Errorf("launch: the check did not finish (%v); its output:\n%s", context.Cause(ctx), output())
+		return nil, fmt.Errorf("launch: the check did not finish (%v); %s", context.Cause(ctx), output())
 	case failure != nil:
-		return nil, fmt.Errorf("launch: the check failed: %s; its output:\n%s", failure, output())
+		return nil, fmt.Errorf("launch: the check failed: %s; %s", failure, output())
 	case code != 0:
-		return nil, fmt.Errorf("launch: the check failed (mpirun's exit code %d); its output:\n%s", code, output())
+		return nil, fmt.Errorf("launch: the check failed (mpirun's exit code %d); %s", code, output())
 	}
 	var report *CheckReport
-	scanner := bufio.NewScanner(&stdout)
-	scanner.Buffer(nil, 1<<20)
-	for scanner.Scan() {
-		if line, ok := strings.CutPrefix(scanner.Text(), CheckLinePrefix); ok {
-			report = &CheckReport{}
-			if err := json.Unmarshal([]byte(line), report); err != nil {
-				return nil, fmt.Errorf("launch: the check's report %q: %w", line, err)
-			}
+	for _, line := range lines.reports() {
+		report = &CheckReport{}
+		if err := json.Unmarshal([]byte(line), report); err != nil {
+			return nil, fmt.Errorf("launch: the check's report %q: %w", line, err)
 		}
 	}
 	if report == nil {
 		return nil, fmt.Errorf("launch: the check ended without a report (is %s a program that calls CheckRank, "+
-			"built with -tags mpi?); its output:\n%s", program, output())
+			"built with -tags mpi?); %s", program, output())
 	}
 	if procs > 0 && len(report.Ranks) != procs {
 		return report, fmt.Errorf("launch: the check reports %d processes, %d were started", len(report.Ranks), procs)
@@ -206,6 +220,187 @@ func Check(ctx context.Context, procs int, program string, args []string, opts .
 		return report, fmt.Errorf("launch: the check measured %d all-reduce sizes, want %d", len(report.AllReduces), len(CheckSizes))
 	}
 	return report, nil
+}
+
+// WithCheckLogs makes Check keep everything its job wrote, as Output does for a job's: each process's lines
+// in DIR/rank-N.log, mpirun's in DIR/mpirun.log (DIR is created if needed).
+func WithCheckLogs(dir string) Option { return func(c *config) { c.checkLogs = dir } }
+
+// checkLines keeps what a check's job wrote, by process: each process's lines (those of Open MPI's
+// --tag-output, without their tag), and mpirun's own or, untagged (another MPI), everything, as rank -1.
+type checkLines struct {
+	mu    sync.Mutex
+	ranks map[int]*keptLines
+	logs  *Output
+}
+
+// keptLines are the last lines of one process, at most maxKeptBytes of them.
+type keptLines struct {
+	lines, stderr []string // stderr: its standard error's lines (all of them for mpirun's)
+	bytes         int
+}
+
+// maxKeptBytes bounds what a check keeps of one process's output in memory (WithCheckLogs keeps it all).
+const maxKeptBytes = 4 << 20
+
+func (l *checkLines) line(line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.logs != nil {
+		l.logs.line(line)
+	}
+	rank, stream, text := -1, "stderr", line
+	if m := tagged.FindStringSubmatch(line); m != nil {
+		rank, _ = strconv.Atoi(m[1])
+		stream, text = m[2], m[3]
+	}
+	if l.ranks == nil {
+		l.ranks = map[int]*keptLines{}
+	}
+	k := l.ranks[rank]
+	if k == nil {
+		k = &keptLines{}
+		l.ranks[rank] = k
+	}
+	k.lines = append(k.lines, text)
+	if stream != "stdout" {
+		k.stderr = append(k.stderr, text)
+	}
+	for k.bytes += len(text); k.bytes > maxKeptBytes && len(k.lines) > 1; k.lines = k.lines[1:] {
+		k.bytes -= len(k.lines[0])
+	}
+	if len(k.stderr) > 1000 {
+		k.stderr = k.stderr[len(k.stderr)-100:]
+	}
+}
+
+// reports are the check reports the processes wrote (rank 0 writes one), without their prefix.
+func (l *checkLines) reports() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, rank := range []int{0, -1} {
+		if k := l.ranks[rank]; k != nil {
+			for _, line := range k.lines {
+				if report, ok := strings.CutPrefix(line, CheckLinePrefix); ok {
+					out = append(out, report)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// maxExplainLines bounds the lines explain quotes.
+const maxExplainLines = 40
+
+// explain says what the check's processes said that matters, for its error: for each process, the
+// failed one (failed, -1 when unknown) first, the excerpt of its crash report or else its last error
+// lines, each line once with the ranks that wrote it; then the lines of Open MPI's error handler that
+// reached mpirun untagged, or, when no process said anything, mpirun's last lines; then where the logs
+// are (dir, "" when none are kept).
+func (l *checkLines) explain(failed int, dir string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var order []int
+	for rank := range l.ranks {
+		if rank >= 0 {
+			order = append(order, rank)
+		}
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		switch {
+		case a == failed:
+			return -1
+		case b == failed:
+			return 1
+		}
+		return a - b
+	})
+	type said struct {
+		key, text string
+		ranks     []int
+	}
+	var all []said
+	for _, rank := range order {
+		k := l.ranks[rank]
+		lines := crashExcerpt(k.lines)
+		if lines == nil {
+			lines = lastErrorLines(k.stderr, 4)
+		}
+		for _, text := range lines {
+			key := sameFromEveryRank(text, rank)
+			if i := slices.IndexFunc(all, func(s said) bool { return s.key == key }); i >= 0 {
+				all[i].ranks = append(all[i].ranks, rank)
+				continue
+			}
+			all = append(all, said{key: key, text: text, ranks: []int{rank}})
+		}
+	}
+	// Open MPI's error handler and help messages reach the terminal through mpirun, untagged.
+	var untagged []string
+	if k := l.ranks[-1]; k != nil {
+		untagged = crashExcerpt(k.lines)
+		if len(all) == 0 && untagged == nil {
+			// mpirun's lines that only restate a failure, or that say that Open MPI could not print its
+			// message (ORTE_ERROR_LOG), are left out, unless they are all it said.
+			blank := func(l string) bool { return strings.TrimSpace(l) == "" }
+			untagged = slices.DeleteFunc(slices.Clone(k.lines), func(l string) bool { return blank(l) || isNoise(l) })
+			if len(untagged) == 0 {
+				untagged = slices.DeleteFunc(slices.Clone(k.lines), blank)
+			}
+		}
+	}
+	var b strings.Builder
+	switch {
+	case len(all) > 0:
+		b.WriteString("what the processes said:")
+		for i, s := range all {
+			if i == maxExplainLines {
+				fmt.Fprintf(&b, "\n  … (%d lines more)", len(all)-i)
+				break
+			}
+			text := s.text
+			if len(s.ranks) > 1 {
+				text = s.key
+			}
+			fmt.Fprintf(&b, "\n  %s: %s", rankList(s.ranks), text)
+		}
+		for _, line := range untagged {
+			fmt.Fprintf(&b, "\n  mpirun: %s", line)
+		}
+	case len(untagged) > 0:
+		b.WriteString("its output:")
+		for _, line := range strings.Split(tailLines(strings.Join(untagged, "\n"), 15), "\n") {
+			b.WriteString("\n  " + line)
+		}
+	default:
+		b.WriteString("it wrote nothing")
+	}
+	switch {
+	case dir != "" && len(order) > 0:
+		fmt.Fprintf(&b, "\n  (every process's whole output: %s, mpirun's: %s)", filepath.Join(dir, "rank-N.log"),
+			filepath.Join(dir, "mpirun.log"))
+	case dir != "":
+		fmt.Fprintf(&b, "\n  (mpirun's whole output: %s)", filepath.Join(dir, "mpirun.log"))
+	}
+	return b.String()
+}
+
+// lastErrorLines are the last n lines of a process's standard error that are neither blank nor the lines
+// of Open MPI's that only restate an error (isNoise, isRankNoise).
+func lastErrorLines(lines []string, n int) []string {
+	var out []string
+	for _, l := range slices.Backward(lines) {
+		if len(out) == n {
+			break
+		}
+		if strings.TrimSpace(l) != "" && !isNoise(l) && !isRankNoise(l) {
+			out = append(out, l)
+		}
+	}
+	slices.Reverse(out)
+	return out
 }
 
 // tailLines is the last n lines of s.

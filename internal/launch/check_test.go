@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,11 +36,13 @@ func TestCheck(t *testing.T) {
 	binary := mpitest.Binary(t)
 	host, err := os.Hostname()
 	require.NoError(t, err)
-	check := func(t *testing.T, claim string) (*launch.CheckReport, error) {
+	check := func(t *testing.T, claim string, opts ...launch.Option) (*launch.CheckReport, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		env := append(os.Environ(), mpitest.EnvTest+"=TestCheck", checkClaimEnvVar+"="+claim)
-		return launch.Check(ctx, 2, binary, []string{"-test.run=^TestCheck$", "-test.count=1"}, launch.WithEnviron(env))
+		// Every goroutine in a crash report, as many set it: the lines that matter come first, and many follow.
+		env := append(os.Environ(), mpitest.EnvTest+"=TestCheck", checkClaimEnvVar+"="+claim, "GOTRACEBACK=all")
+		return launch.Check(ctx, 2, binary, []string{"-test.run=^TestCheck$", "-test.count=1"},
+			append([]launch.Option{launch.WithEnviron(env)}, opts...)...)
 	}
 
 	t.Run("same build", func(t *testing.T) {
@@ -83,7 +87,36 @@ func TestCheck(t *testing.T) {
 		require.Error(t, err)
 		assert.Regexp(t, `launch: the check failed: (rank 1|a process) exited with code 3`, err.Error())
 	})
+	// A process that crashes: the error quotes the panic, the signal and the failing call with its file and
+	// line, after the rank, however long the crash report; WithCheckLogs keeps all of it.
+	t.Run("a process crashes", func(t *testing.T) {
+		logs := filepath.Join(t.TempDir(), "check")
+		_, err := check(t, "crash", launch.WithCheckLogs(logs))
+		require.Error(t, err)
+		msg := err.Error()
+		t.Logf("%s", msg)
+		// The testing package recovers the panic and raises it again.
+		assert.Regexp(t, `launch: the check failed: (rank 1|a process) crashed \(panic: runtime error: invalid memory `+
+			`address or nil pointer dereference \[recovered, repanicked\]\) and exited with code 2; what the processes said:\n`+
+			`  rank 1: panic: runtime error: invalid memory address or nil pointer dereference \[recovered, repanicked\]\n`+
+			`  rank 1: \[signal SIGSEGV: segmentation violation `, msg)
+		assert.Regexp(t, `\n  rank 1: goroutine \d+ \[running\]:\n`+
+			`  rank 1:   github.com/goaccel/goaccel/internal/launch_test\.crashOnPurpose\(.*\)\n`+
+			`  rank 1:     \S+/internal/launch/check_test.go:\d+\n`, msg)
+		assert.Contains(t, msg, "(every process's whole output: "+filepath.Join(logs, "rank-N.log")+", mpirun's: "+
+			filepath.Join(logs, "mpirun.log")+")")
+		log, err := os.ReadFile(filepath.Join(logs, "rank-1.log"))
+		require.NoError(t, err)
+		assert.Contains(t, string(log), "stderr: panic: runtime error: invalid memory address or nil pointer dereference")
+		assert.Greater(t, strings.Count(string(log), "\nstderr: goroutine "), 1, "the whole report, every goroutine:\n%s", log)
+		assert.FileExists(t, filepath.Join(logs, "mpirun.log"))
+	})
 }
+
+// crashOnPurpose dereferences a nil pointer, as a bug would.
+//
+//go:noinline
+func crashOnPurpose(report *launch.CheckReport) int { return len(report.Ranks) }
 
 // checkRank is a process of TestCheck's job.
 func checkRank(t *testing.T) {
@@ -92,6 +125,9 @@ func checkRank(t *testing.T) {
 	require.NoError(t, err)
 	if claim == "exit" && topo.Rank == 1 {
 		os.Exit(3)
+	}
+	if claim == "crash" && topo.Rank == 1 {
+		crashOnPurpose(nil)
 	}
 	comm, err := backends.Open("mpi", topo, backends.WithTimeout(time.Minute))
 	require.NoError(t, err)

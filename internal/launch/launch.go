@@ -14,7 +14,10 @@
 //   - the Open MPI MCA parameters of [DefaultMCA], currently btl_vader_single_copy_mechanism=none where
 //     the kernel refuses cross-process memory access (Docker's default seccomp profile);
 //   - -x NAME for every variable of goaccel, GoMLX and PJRT, and CUDA_VISIBLE_DEVICES, that is set (see
-//     [WithForwardEnv]): processes on other hosts get no other environment.
+//     [WithForwardEnv]): processes on other hosts get no other environment;
+//   - --mca btl self,tcp when several hosts of the job are this machine under two or more Open MPI daemons
+//     (127.0.0.1 and 127.0.0.2, to try a job "on two hosts" on one machine), whose processes cannot share
+//     memory, and the loopback network when every host is this machine (see [WithNotice]).
 //
 // Each is added only when the user did not already decide: a flag of the same name among the extra
 // mpirun arguments, or an OMPI_MCA_* variable in the environment, wins. Print the result with [Argv] (or
@@ -24,7 +27,9 @@
 // also keep MPI's traffic on one network ([WithNetwork]) and start the remote daemons with another agent
 // than ssh ([WithLaunchAgent]). Run first probes every other host through that agent ([WithHostProbe]) and
 // names a host that cannot be reached ([HostError]); [Check] runs a short job that reports each process's
-// host and build and the all-reduce bandwidth, as `accel launch --check` does.
+// host and build and the all-reduce bandwidth, as `accel launch --check` does, and quotes what its
+// processes said when one fails (a crash report's lines that matter, see [WithCheckLogs]).
+// [WithRankAnnouncements] has every process say its rank, host and PID as it starts, for [Output].
 package launch
 
 import (
@@ -108,6 +113,11 @@ type config struct {
 	agent        string
 	forward      []string
 	probeTimeout time.Duration
+	// memo: what the job's host names are to this machine, and its notices (see WithNotice).
+	memo *machineMemo
+	// announce: see WithRankAnnouncements; checkLogs: see WithCheckLogs.
+	announce  bool
+	checkLogs string
 }
 
 // WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
@@ -160,7 +170,8 @@ func WithStdio(stdin io.Reader, stdout, stderr io.Writer) Option {
 }
 
 func newConfig(opts []Option) *config {
-	c := &config{mpirun: "mpirun", bindTo: "none", defaultMCA: true, probeTimeout: DefaultProbeTimeout}
+	c := &config{mpirun: "mpirun", bindTo: "none", defaultMCA: true, probeTimeout: DefaultProbeTimeout,
+		memo: &machineMemo{}}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -245,6 +256,10 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		for _, p := range c.mcaParams() {
 			argv = append(argv, "--mca", p.Name, p.Value)
 		}
+		// Several hosts that are this machine: transports that work between daemons of one machine.
+		for _, p := range c.sameMachineMCA(hosts) {
+			argv = append(argv, "--mca", p.Name, p.Value)
+		}
 		if c.agent != "" {
 			argv = append(argv, "--mca", "plm_rsh_agent", c.agent)
 		}
@@ -286,8 +301,14 @@ func (c *config) argv(procs int, program string, args []string) ([]string, error
 		}
 	}
 	argv = append(argv, c.extra...)
+	// dash's exec reads a leading '-' as an option, and takes no "--": such a program is not announced.
+	if c.announce && c.flavor == OpenMPI && !strings.HasPrefix(program, "-") {
+		argv = append(argv, announcer...)
+	}
 	argv = append(argv, program)
-	return append(argv, args...), nil
+	argv = append(argv, args...)
+	c.notify(hosts)
+	return argv, nil
 }
 
 // hostFlags are the mpirun flags that place processes on hosts (Open MPI's and MPICH's spellings).

@@ -18,7 +18,9 @@ import (
 // DIR/mpirun.log, while the terminal gets the ranks' standard output as they wrote it, each distinct error
 // line once (with the rank that wrote it first), and mpirun's messages without the banners that only
 // restate a failure the ranks already explained (MPI_ABORT, "exited improperly", help aggregation). After
-// the job, Summary lists each distinct error line with every rank that wrote it.
+// the job, Summary lists each distinct error line with every rank that wrote it. With
+// WithRankAnnouncements, the processes' announcements go to DIR/ranks.txt and OnRanks instead of the
+// terminal.
 type Output struct {
 	dir            string
 	stdout, stderr io.Writer
@@ -29,6 +31,10 @@ type Output struct {
 	errLines []errLine // distinct error lines, in order of appearance
 	block    []string  // mpirun lines of a banner being read (between dashed lines)
 	inBlock  bool
+	// ranks are the processes of the job's current run that announced themselves (WithRankAnnouncements);
+	// onRanks is told once all did.
+	ranks   rankProcesses
+	onRanks func([]RankProcess, string)
 }
 
 type errLine struct {
@@ -86,6 +92,10 @@ func (o *Output) line(line string) {
 	stream, text := m[2], m[3]
 	if f := o.rankFile(rank); f != nil {
 		fmt.Fprintf(f, "%s: %s\n", stream, text)
+	}
+	if p, ok := parseRankLine(text); ok && p.Rank == rank {
+		o.rankAnnounced(p) // in the rank's log, ranks.txt and OnRanks's table, not on the terminal
+		return
 	}
 	if stream == "stdout" {
 		fmt.Fprintln(o.stdout, text)
@@ -245,10 +255,13 @@ func rankList(ranks []int) string {
 	return "ranks " + strings.Join(parts, ", ")
 }
 
-// lineWriter splits a stream into lines, each passed to emit without its line ending.
+// lineWriter splits a stream into lines, each passed to emit without its line ending. It puts back
+// together the lines of mpirun's --tag-output that a process wrote in pieces (see joinTagged).
 type lineWriter struct {
 	emit func(line string)
 	buf  bytes.Buffer
+	// pieces are, per tag, the text a process wrote so far of a line it has not ended.
+	pieces map[string]string
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
@@ -259,8 +272,44 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 			return len(p), nil
 		}
 		line := string(w.buf.Next(i + 1))
-		w.emit(strings.TrimRight(line, "\r\n"))
+		for _, l := range w.joinTagged(strings.TrimRight(line, "\r\n")) {
+			w.emit(l)
+		}
 	}
+}
+
+// tagAnywhere finds Open MPI's --tag-output tags in a line.
+var tagAnywhere = regexp.MustCompile(`\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:`)
+
+// joinTagged returns the lines the processes wrote, whole. Open MPI's mpirun tags what it reads of a
+// process's output piece by piece, and a process that writes a line in several pieces (Go's runtime writes
+// a crash report a few bytes at a time; the C stack of Open MPI's signal handler comes in three) reaches
+// mpirun's output as "[1,1]<stderr>:panic: [1,1]<stderr>:runtime error: …", or in several lines when the
+// pieces of other processes come between. Each tag's text is kept until a line ends after it, and that
+// line is the tag and all its text; text before the first tag is a line of its own. A line with one tag,
+// at its start, and no piece kept, is left as it is.
+func (w *lineWriter) joinTagged(line string) []string {
+	locs := tagAnywhere.FindAllStringIndex(line, -1)
+	if len(locs) == 0 || len(locs) == 1 && locs[0][0] == 0 && len(w.pieces) == 0 {
+		return []string{line}
+	}
+	if w.pieces == nil {
+		w.pieces = map[string]string{}
+	}
+	var out []string
+	if lead := line[:locs[0][0]]; lead != "" {
+		out = append(out, lead)
+	}
+	for i, loc := range locs {
+		tag := line[loc[0]:loc[1]]
+		if i+1 < len(locs) {
+			w.pieces[tag] += line[loc[1]:locs[i+1][0]]
+			continue
+		}
+		out = append(out, tag+w.pieces[tag]+line[loc[1]:])
+		delete(w.pieces, tag)
+	}
+	return out
 }
 
 // WithTaggedOutput makes Open MPI's mpirun tag every line with its rank (--tag-output), for Output.

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -79,7 +77,9 @@ func (c *config) probeHosts(ctx context.Context) error {
 	names = slices.DeleteFunc(names, func(name string) bool {
 		probed := seen[name]
 		seen[name] = true
-		return probed || isThisHost(name)
+		// mpirun starts no daemon for a name it takes for itself; any other, this machine or not, it reaches
+		// through the agent (see placeOf).
+		return probed || placeHost(name).mpirunSelf
 	})
 	if len(names) == 0 {
 		return nil
@@ -163,39 +163,4 @@ func probeHost(ctx context.Context, agent []string, host string, timeout time.Du
 	}
 	return &HostError{Host: host, Err: err, Reason: fmt.Sprintf("cannot be reached through the launch agent: `%s` "+
 		"failed after %s: %v%s", String(argv), time.Since(start).Round(time.Millisecond), err, said)}
-}
-
-// isThisHost reports whether name is the machine the launcher runs on, which mpirun starts no daemon for:
-// its hostname (short or full), localhost, or a name of one of its addresses.
-func isThisHost(name string) bool {
-	if name == "localhost" {
-		return true
-	}
-	if self, err := os.Hostname(); err == nil {
-		short, _, _ := strings.Cut(self, ".")
-		if name == self || name == short {
-			return true
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
-	if err != nil {
-		return false
-	}
-	local, err := net.InterfaceAddrs()
-	if err != nil {
-		return false
-	}
-	for _, a := range addrs {
-		if a.IP.IsLoopback() {
-			return true
-		}
-		for _, l := range local {
-			if ipnet, ok := l.(*net.IPNet); ok && ipnet.IP.Equal(a.IP) {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -68,11 +68,15 @@ type Failure struct {
 	// Usage says that this was the job's first run and the process exited with UsageExitCode: the program
 	// refused its command line, and Run did not restart the job.
 	Usage bool
+	// Crash is the first line of the Go crash report the process wrote before it ended ("panic: …",
+	// "SIGSEGV: segmentation violation"), empty when it wrote none. Go's runtime exits with 2 after a
+	// crash report, as the flag package does after a usage error: a process that crashed is no usage error.
+	Crash string
 }
 
 // isUsageError reports whether f, on a job's first run, is a usage error (see UsageExitCode).
 func (f Failure) isUsageError() bool {
-	return f.Signal == 0 && !f.Aborted && f.ExitCode == UsageExitCode
+	return f.Signal == 0 && !f.Aborted && f.ExitCode == UsageExitCode && f.Crash == ""
 }
 
 func (f Failure) String() string {
@@ -91,6 +95,8 @@ func (f Failure) String() string {
 	case f.Usage:
 		return fmt.Sprintf("%s exited with code %d, a usage error: the program refused its command line, and "+
 			"running it again would not help", who, f.ExitCode)
+	case f.Crash != "":
+		return fmt.Sprintf("%s crashed (%s) and exited with code %d", who, f.Crash, f.ExitCode)
 	}
 	return fmt.Sprintf("%s exited with code %d", who, f.ExitCode)
 }
@@ -124,6 +130,9 @@ type failureWatch struct {
 	pending *Failure
 	// namesHosts: the job runs on several hosts, and failures say on which.
 	namesHosts bool
+	// crashStart is, per rank (-1: untagged output), the first line of a Go crash report being read, and
+	// crashes those whose goroutine stacks followed: the first line of each process's crash report.
+	crashStart, crashes map[int]string
 	hostWatch
 }
 
@@ -153,6 +162,7 @@ func (w *failureWatch) line(line string) {
 		return Failure{Rank: -1}
 	}
 	w.hostLine(line)
+	w.crashLine(line)
 	if m := noticedSignal.FindStringSubmatch(line); m != nil {
 		set(Failure{Rank: atoi(m[1]), Host: w.host(m[2]), Signal: syscall.Signal(atoi(m[3]))})
 	} else if m := noticedExit.FindStringSubmatch(line); m != nil {
@@ -180,11 +190,55 @@ func (w *failureWatch) line(line string) {
 	}
 }
 
+// crashLine reads a line for a Go crash report: its first line, confirmed by a goroutine's stack after it.
+func (w *failureWatch) crashLine(line string) {
+	rank, text := -1, line
+	if m := tagged.FindStringSubmatch(line); m != nil {
+		rank, _ = strconv.Atoi(m[1])
+		text = m[3]
+	}
+	if w.crashStart == nil {
+		w.crashStart, w.crashes = map[int]string{}, map[int]string{}
+	}
+	switch {
+	case w.crashStart[rank] == "" && goCrashStart.MatchString(text):
+		w.crashStart[rank] = text
+	case w.crashStart[rank] != "" && w.crashes[rank] == "" && goroutineHeader.MatchString(text):
+		w.crashes[rank] = w.crashStart[rank]
+	}
+}
+
+// crashOf is the first line of the crash report of the process of rank, or, when rank is unknown (-1)
+// or the output untagged, of the one crash report seen.
+func (w *failureWatch) crashOf(rank int) string {
+	if c := w.crashes[rank]; c != "" {
+		return c
+	}
+	if c := w.crashes[-1]; c != "" {
+		return c // untagged output
+	}
+	if rank < 0 && len(w.crashes) == 1 {
+		for _, c := range w.crashes {
+			return c
+		}
+	}
+	return ""
+}
+
 // failure is the failed process the output reported, if any; exitCode is mpirun's, which tells how a
 // process mpirun did not name ended (128+N: by signal N).
 func (w *failureWatch) failure(exitCode int) (Failure, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	f, ok := w.reported(exitCode)
+	if ok && f.Signal == 0 {
+		f.Crash = w.crashOf(f.Rank)
+	}
+	return f, ok
+}
+
+// reported is the failed process mpirun reported (see failure).
+func (w *failureWatch) reported(exitCode int) (Failure, bool) {
 	switch {
 	case w.verdict != nil:
 		return *w.verdict, true

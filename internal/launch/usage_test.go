@@ -60,3 +60,25 @@ exit 0`
 	assert.Equal(t, 2, notices[1].Failure.ExitCode)
 	assert.False(t, notices[1].Failure.Usage)
 }
+
+// TestRunRestartsACrashOnTheFirstRun: Go's runtime exits with 2 after a crash report, as the flag package
+// does after a usage error; a first run whose process crashed is restarted, and the restart says it
+// crashed.
+func TestRunRestartsACrashOnTheFirstRun(t *testing.T) {
+	mpitest.RequireMPIRun(t)
+	var out bytes.Buffer
+	var notices []launch.Restart
+	script := `[ "$GOACCEL_RESTART_COUNT" = 0 ] || exit 0
+[ "${OMPI_COMM_WORLD_RANK:-$PMI_RANK}" = 1 ] || exec sleep 60
+printf 'panic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\nmain.main()\n\t/src/train/main.go:12 +0x1d\n' >&2
+exit 2`
+	code, err := launch.Run(context.Background(), 2, "sh", []string{"-c", script},
+		launch.WithStdio(nil, &out, &out), launch.WithMaxRestarts(1),
+		launch.WithRestartNotice(func(r launch.Restart) { notices = append(notices, r) }))
+	require.NoError(t, err)
+	assert.Equal(t, 0, code, out.String())
+	require.Len(t, notices, 1, out.String())
+	assert.False(t, notices[0].Failure.Usage)
+	assert.Regexp(t, `^(rank 1|a process) crashed \(panic: runtime error: index out of range \[3\] with length 3\) and `+
+		`exited with code 2; restarting the job \(restart 1 of 1\)$`, notices[0].String())
+}
