@@ -110,6 +110,7 @@ func TestMPIDropout(t *testing.T) {
 		mpitest.Do(t, keepingMPI(mpiDropoutRank))
 		return
 	}
+	mpitest.RequireMPIRun(t) // the 4-process job loads what the 2-process one saved: both run, or neither
 	root := t.TempDir()
 	reports := map[int][]mpiDropoutReport{}
 	for _, np := range []int{2, 4} {
