@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"io"
-	"math"
+	"strings"
 	"testing"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
@@ -23,14 +23,19 @@ type rankReport struct {
 	FinalLoss      float64 `json:"final_loss"`
 	OptimizerSteps int64   `json:"optimizer_steps"`
 	Collectives    int64   `json:"collectives"`
-	// Weights is a digest of the trainable parameters' bits after training.
+	// Weights is a digest of the trainable parameters' bits after training, Buffers of the variables the
+	// training step writes besides them (batch normalization's running averages and its batch count).
 	Weights uint64 `json:"weights"`
+	Buffers uint64 `json:"buffers"`
+	// BufferVariables is the number of variables in Buffers.
+	BufferVariables int `json:"buffer_variables"`
 }
 
 // TestTwoProcesses trains the program's model with its own train and evaluate functions as the 2 ranks of
 // a real mpirun job, on a subset of Fashion-MNIST (2 × 32 = 64 examples per optimizer step): the gradients
-// cross processes, both ranks end with the same trainable weights, bit for bit, and the same test accuracy
-// (every test example scored once over both), far above chance.
+// cross processes, both ranks end with the same trainable weights and batch-normalization averages, bit for
+// bit (accel.BroadcastBuffers, the default, gives both rank 0's averages as PyTorch DDP does), and the same
+// test accuracy (every test example scored once over both), far above chance.
 func TestTwoProcesses(t *testing.T) {
 	if mpitest.IsRank() {
 		mpitest.Do(t, func() (any, error) { return trainAsRank() })
@@ -47,8 +52,10 @@ func TestTwoProcesses(t *testing.T) {
 		assert.Equal(t, 2, rep.WorldSize, "rank %d", rank)
 		assert.EqualValues(t, 64, rep.OptimizerSteps, "rank %d: 4096 examples / 64 per step", rank)
 		assert.Greater(t, rep.Collectives, rep.OptimizerSteps, "rank %d: a gradient sync per step, and more", rank)
+		assert.Equal(t, 6*3, rep.BufferVariables, "rank %d: 6 batch normalizations, each a mean, a variance and a count", rank)
 	}
 	assert.Equal(t, reports[0].Weights, reports[1].Weights, "the replicas' trainable weights are identical")
+	assert.Equal(t, reports[0].Buffers, reports[1].Buffers, "and so are their running averages")
 	assert.Equal(t, reports[0].Accuracy, reports[1].Accuracy)
 	assert.Equal(t, reports[0].FinalLoss, reports[1].FinalLoss, "the job's mean loss, all-reduced")
 	assert.Greater(t, reports[0].Accuracy, 0.5, "test accuracy after one epoch of 4096 examples")
@@ -80,16 +87,29 @@ func trainAsRank() (rankReport, error) {
 	}
 	rep.WorldSize, rep.FinalLoss = acc.WorldSize(), res.finalLoss
 	rep.OptimizerSteps, rep.Collectives = res.stats.OptimizerSteps, res.stats.Collectives.Calls()
-	h := fnv.New64a()
+	trainable := map[string]bool{}
 	for _, v := range res.model.Parameters() {
+		trainable[v.ScopeAndName()] = true
+	}
+	weights, buffers := fnv.New64a(), fnv.New64a()
+	for v := range res.model.Context().IterVariables() {
+		h := buffers
+		switch {
+		case trainable[v.ScopeAndName()]:
+			h = weights
+		case !strings.HasSuffix(v.Scope(), "/batch_normalization") || strings.HasPrefix(v.Scope(), "/AdamOptimizer/"):
+			continue // the optimizer's state and step counts, the gradient accumulators, the generator
+		}
 		value, err := v.Value()
 		if err != nil {
 			return rep, err
 		}
-		for _, x := range tensors.MustCopyFlatData[float32](value) {
-			_ = binary.Write(h, binary.LittleEndian, math.Float32bits(x))
+		if h == buffers {
+			rep.BufferVariables++
 		}
+		_, _ = h.Write([]byte(v.ScopeAndName()))
+		_ = binary.Write(h, binary.LittleEndian, tensors.MustCopyFlatData[float32](value))
 	}
-	rep.Weights = h.Sum64()
+	rep.Weights, rep.Buffers = weights.Sum64(), buffers.Sum64()
 	return rep, nil
 }
