@@ -130,7 +130,7 @@ func TestShapesAndSummary(t *testing.T) {
 
 // TestLearnsFashionMNIST: a short run on a subset of the real dataset is far above chance (0.1) on the
 // whole test set. One epoch of 4,096 examples reaches about 0.65; the default three epochs of everything
-// reach about 0.90.
+// reach about 0.88 (0.8815 at seed 42, 44 s per epoch on one process of 2 cores).
 func TestLearnsFashionMNIST(t *testing.T) {
 	requireDataset(t)
 	code, stdout, stderr := runMain(t, "-limit", "4096", "-epochs", "1", "-quiet")
