@@ -205,6 +205,12 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		}
 	}
 	n := float64(l.perFeature())
+	if l.inner == 1 && channelsLastLoops {
+		// Channels last (a convolution's [batch, h, w, c]): each feature's elements are one apart, so the
+		// row walk below would call its closure once per element. These loops take a whole row of
+		// features at a time instead, with the same float64 operations in the same order: the same bits.
+		return runBatchNormChannelsLast(part, l, epsilon, n, out, args)
+	}
 	switch part {
 	case bnMean:
 		sums := bnSums(l, args[0], func(x T, _ int) float64 { return float64(x) })
@@ -273,4 +279,91 @@ func bnSums[T float32 | float64](l bnLayout, x []T, term func(x T, feature int) 
 		sums[c] += sum
 	})
 	return sums
+}
+
+// channelsLastLoops turns runBatchNormChannelsLast on (tests compare it with the row walk, bit for bit).
+var channelsLastLoops = true
+
+// runBatchNormChannelsLast is runBatchNorm for a layout whose feature axis is the innermost (inner == 1):
+// row o holds the features of outer index o, contiguous.
+func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsilon, n float64, out []T, args [][]T) error {
+	features := l.features
+	perFeature := func(v []T) []float64 {
+		f := make([]float64, features)
+		for c := range f {
+			f[c] = float64(v[c])
+		}
+		return f
+	}
+	rows := func(x []T, fn func(row []T, o int)) {
+		for o := range l.outer {
+			fn(x[o*features:(o+1)*features], o)
+		}
+	}
+	sums := make([]float64, features)
+	switch part {
+	case bnMean, bnGradOffset:
+		rows(args[0], func(row []T, _ int) {
+			for c, v := range row {
+				sums[c] += float64(v)
+			}
+		})
+		for c, sum := range sums {
+			if part == bnMean {
+				out[c] = T(sum / n)
+			} else {
+				out[c] = T(sum)
+			}
+		}
+	case bnVariance:
+		mean := perFeature(args[1])
+		rows(args[0], func(row []T, _ int) {
+			for c, v := range row {
+				d := float64(v) - mean[c]
+				sums[c] += d * d
+			}
+		})
+		for c, sum := range sums {
+			out[c] = T(sum / n)
+		}
+	case bnNormalized:
+		x, scale, offset, mean, variance := args[0], args[1], args[2], perFeature(args[3]), args[4]
+		factor, shift := make([]float64, features), perFeature(offset)
+		for c := range factor {
+			factor[c] = float64(scale[c]) / math.Sqrt(float64(variance[c])+epsilon)
+		}
+		rows(x, func(row []T, o int) {
+			dst := out[o*features : (o+1)*features]
+			for c, v := range row {
+				dst[c] = T((float64(v)-mean[c])*factor[c] + shift[c])
+			}
+		})
+	case bnGradScale:
+		x, mean, variance, g := args[0], perFeature(args[1]), args[2], args[3]
+		rows(x, func(row []T, o int) {
+			grad := g[o*features : (o+1)*features]
+			for c, v := range row {
+				sums[c] += float64(grad[c]) * (float64(v) - mean[c])
+			}
+		})
+		for c, sum := range sums {
+			out[c] = T(sum / math.Sqrt(float64(variance[c])+epsilon))
+		}
+	case bnGradOperand:
+		x, scale, mean, variance, g, gradScale, gradOffset := args[0], args[1], perFeature(args[2]), args[3], args[4], args[5], args[6]
+		k, sumG, sumGX := make([]float64, features), perFeature(gradOffset), make([]float64, features)
+		for c := range k {
+			s := 1 / math.Sqrt(float64(variance[c])+epsilon)
+			k[c], sumGX[c] = float64(scale[c])*s/n, float64(gradScale[c])*s
+		}
+		rows(x, func(row []T, o int) {
+			grad, dst := g[o*features:(o+1)*features], out[o*features:(o+1)*features]
+			for c, v := range row {
+				dst[c] = T(k[c] * (n*float64(grad[c]) - sumG[c] - (float64(v)-mean[c])*sumGX[c]))
+			}
+		})
+	default:
+		return fmt.Errorf("extraops: unknown batch normalization part %d", part)
+	}
+	return nil
 }

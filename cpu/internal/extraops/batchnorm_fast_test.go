@@ -1,0 +1,60 @@
+package extraops
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestChannelsLastLoopsMatchTheRowWalk: the channels-last loops of every batch-normalization part give
+// the row walk's results bit for bit (the same float64 operations in the same order), in float32 and
+// float64, on layouts with one feature and with many.
+func TestChannelsLastLoopsMatchTheRowWalk(t *testing.T) {
+	t.Cleanup(func() { channelsLastLoops = true })
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, l := range []bnLayout{{outer: 1, features: 1, inner: 1}, {outer: 37, features: 16, inner: 1},
+		{outer: 512, features: 3, inner: 1}} {
+		size := l.outer * l.features
+		parts := []struct {
+			part     bnPart
+			inputs   []int // lengths: size for a tensor, features for per-feature values
+			outLen   int
+			variance int // the input that holds variances (positive), or -1
+		}{
+			{bnMean, []int{size}, l.features, -1},
+			{bnVariance, []int{size, l.features}, l.features, -1},
+			{bnNormalized, []int{size, l.features, l.features, l.features, l.features}, size, 4},
+			{bnGradOffset, []int{size}, l.features, -1},
+			{bnGradScale, []int{size, l.features, l.features, size}, l.features, 2},
+			{bnGradOperand, []int{size, l.features, l.features, l.features, size, l.features, l.features}, size, 3},
+		}
+		for _, p := range parts {
+			in64 := make([]any, len(p.inputs))
+			in32 := make([]any, len(p.inputs))
+			for i, n := range p.inputs {
+				a64, a32 := make([]float64, n), make([]float32, n)
+				for j := range a64 {
+					a64[j] = rng.NormFloat64()
+					if i == p.variance {
+						a64[j] = rng.Float64() + 0.1
+					}
+					a32[j] = float32(a64[j])
+				}
+				in64[i], in32[i] = a64, a32
+			}
+			run := func(fast bool) ([]float64, []float32) {
+				channelsLastLoops = fast
+				o64, o32 := make([]float64, p.outLen), make([]float32, p.outLen)
+				require.NoError(t, runBatchNorm(p.part, l, 1e-5, o64, in64))
+				require.NoError(t, runBatchNorm(p.part, l, 1e-5, o32, in32))
+				return o64, o32
+			}
+			fast64, fast32 := run(true)
+			slow64, slow32 := run(false)
+			assert.Equal(t, slow64, fast64, "part %d, layout %+v, float64", p.part, l)
+			assert.Equal(t, slow32, fast32, "part %d, layout %+v, float32", p.part, l)
+		}
+	}
+}
