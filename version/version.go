@@ -9,15 +9,15 @@ import (
 
 // Release is the semantic version of this source tree: the latest release, which CHANGELOG.md describes
 // and a git tag v<Release> marks.
-const Release = "0.4.0"
+const Release = "0.5.0"
 
 // modulePath is goaccel's module, as a dependency of another program.
 const modulePath = "github.com/goaccel/goaccel"
 
 // String is the version to report: the module version the Go toolchain recorded when goaccel is a
 // dependency (v0.4.0, or a pseudo-version between releases), or the version of what replaced it; for a
-// dependency replaced by a local directory, Release with that directory ("0.4.0 (local copy ../goaccel)");
-// for a build of goaccel's own checkout, Release with its commit ("0.4.0 (commit 1a2b3c4d5e6f, modified)");
+// dependency replaced by a local directory, Release with that directory ("0.5.0 (local copy ../goaccel)");
+// for a build of goaccel's own checkout, Release with its commit ("0.5.0 (commit 1a2b3c4d5e6f, modified)");
 // else Release. The version comes from the library, never from the program's own module.
 func String() string {
 	info, ok := debug.ReadBuildInfo()
