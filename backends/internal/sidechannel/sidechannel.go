@@ -22,4 +22,3 @@ type Notice struct {
 	From int
 	Msg  []byte
 }
-
