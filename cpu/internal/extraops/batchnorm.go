@@ -219,7 +219,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		}
 	case bnVariance:
 		mean := args[1]
-		sums := bnSums(l, args[0], func(x T, c int) float64 { d := float64(x) - float64(mean[c]); return d * d })
+		sums := bnSums(l, args[0], func(x T, c int) float64 { d := float64(x) - float64(mean[c]); return float64(d * d) })
 		for c, sum := range sums {
 			out[c] = T(sum / n)
 		}
@@ -232,7 +232,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		l.forEachRow(func(c, offset0 int) {
 			m, f, o := float64(mean[c]), factor[c], float64(offset[c])
 			for i := offset0; i < offset0+l.inner; i++ {
-				out[i] = T((float64(x[i])-m)*f + o)
+				out[i] = T(float64((float64(x[i])-m)*f) + o)
 			}
 		})
 	case bnGradOffset:
@@ -245,7 +245,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		l.forEachRow(func(c, offset int) {
 			m, sum := float64(mean[c]), 0.0
 			for i := offset; i < offset+l.inner; i++ {
-				sum += float64(g[i]) * (float64(x[i]) - m)
+				sum += float64(float64(g[i]) * (float64(x[i]) - m))
 			}
 			sums[c] += sum
 		})
@@ -259,7 +259,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 			k, m := float64(scale[c])*s/n, float64(mean[c])
 			sumG, sumGX := float64(gradOffset[c]), float64(gradScale[c])*s
 			for i := offset; i < offset+l.inner; i++ {
-				out[i] = T(k * (n*float64(g[i]) - sumG - (float64(x[i])-m)*sumGX))
+				out[i] = T(k * (float64(n*float64(g[i])) - sumG - float64((float64(x[i])-m)*sumGX)))
 			}
 		})
 	default:
@@ -285,7 +285,8 @@ func bnSums[T float32 | float64](l bnLayout, x []T, term func(x T, feature int) 
 var channelsLastLoops = true
 
 // runBatchNormChannelsLast is runBatchNorm for a layout whose feature axis is the innermost (inner == 1):
-// row o holds the features of outer index o, contiguous.
+// row o holds the features of outer index o, contiguous. Both paths round every product before adding it
+// (an explicit float64 conversion), so no GOAMD64 level fuses one path's multiply-adds and not the other's.
 func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsilon, n float64, out []T, args [][]T) error {
 	features := l.features
 	perFeature := func(v []T) []float64 {
@@ -320,7 +321,7 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 		rows(args[0], func(row []T, _ int) {
 			for c, v := range row {
 				d := float64(v) - mean[c]
-				sums[c] += d * d
+				sums[c] += float64(d * d)
 			}
 		})
 		for c, sum := range sums {
@@ -335,7 +336,7 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 		rows(x, func(row []T, o int) {
 			dst := out[o*features : (o+1)*features]
 			for c, v := range row {
-				dst[c] = T((float64(v)-mean[c])*factor[c] + shift[c])
+				dst[c] = T(float64((float64(v)-mean[c])*factor[c]) + shift[c])
 			}
 		})
 	case bnGradScale:
@@ -343,7 +344,7 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 		rows(x, func(row []T, o int) {
 			grad := g[o*features : (o+1)*features]
 			for c, v := range row {
-				sums[c] += float64(grad[c]) * (float64(v) - mean[c])
+				sums[c] += float64(float64(grad[c]) * (float64(v) - mean[c]))
 			}
 		})
 		for c, sum := range sums {
@@ -359,7 +360,7 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 		rows(x, func(row []T, o int) {
 			grad, dst := g[o*features:(o+1)*features], out[o*features:(o+1)*features]
 			for c, v := range row {
-				dst[c] = T(k[c] * (n*float64(grad[c]) - sumG[c] - (float64(v)-mean[c])*sumGX[c]))
+				dst[c] = T(k[c] * (float64(n*float64(grad[c])) - sumG[c] - float64((float64(v)-mean[c])*sumGX[c])))
 			}
 		})
 	default:
