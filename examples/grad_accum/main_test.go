@@ -85,18 +85,6 @@ func parseSummary(t *testing.T, stdout string) summary {
 	return s
 }
 
-// UnmarshalJSON lets tests read the summary back; the program itself only writes it.
-func (f *jsonFloat) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*f = jsonFloat(math.NaN())
-		return nil
-	}
-	var v float64
-	err := json.Unmarshal(b, &v)
-	*f = jsonFloat(v)
-	return err
-}
-
 func TestSummaryMatchesAccumulation(t *testing.T) {
 	dir := writeFakeDataset(t, 100, 30)
 	for _, tc := range []struct {

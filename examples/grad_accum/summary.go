@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/examples/internal/jsonline"
 	"github.com/goaccel/goaccel/examples/internal/lossplot"
 	"github.com/goaccel/goaccel/version"
 )
@@ -89,30 +90,14 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 	}
 }
 
-// seconds rounds to the microsecond: more digits are noise and make the line harder to read.
-func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1e6) / 1e6 }
+// seconds rounds to the microsecond (jsonline.Seconds).
+func seconds(d time.Duration) float64 { return jsonline.Seconds(d) }
 
 // write prints the summary as one line of JSON.
-func (s summary) write(w io.Writer) error {
-	line, err := json.Marshal(s)
-	if err != nil {
-		return fmt.Errorf("encoding the summary: %w", err)
-	}
-	_, err = fmt.Fprintf(w, "%s\n", line)
-	return err
-}
+func (s summary) write(w io.Writer) error { return jsonline.Write(w, s) }
 
-// jsonFloat is a float64 that encodes NaN and ±Inf (a diverged loss) as null: encoding/json refuses
-// them, and the summary line must stay valid JSON whatever training did.
-type jsonFloat float64
-
-func (f jsonFloat) MarshalJSON() ([]byte, error) {
-	v := float64(f)
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return []byte("null"), nil
-	}
-	return json.Marshal(v)
-}
+// jsonFloat encodes NaN and ±Inf (a diverged loss) as null, so the line stays JSON.
+type jsonFloat = jsonline.Float
 
 // writeLossPlot draws the main process's per-step loss, read back from the log, and its smoothed trend.
 func writeLossPlot(path string, acc *accel.Accelerator, cfg config) error {

@@ -79,18 +79,6 @@ func parseSummary(t *testing.T, stdout string) summary {
 	return s
 }
 
-// UnmarshalJSON lets tests read the summary back; the program itself only writes it.
-func (f *jsonFloat) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*f = jsonFloat(math.NaN())
-		return nil
-	}
-	var v float64
-	err := json.Unmarshal(b, &v)
-	*f = jsonFloat(v)
-	return err
-}
-
 // parameters is the model's size by hand: what the PyTorch twin's parameters() counts for the same shape.
 func parameters(width, blocks int) int {
 	convBN := func(in, out, size int) int { return size*size*in*out + 2*out } // no bias; BN scale and offset

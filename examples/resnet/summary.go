@@ -1,13 +1,12 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
 	"io"
 	"math"
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/examples/internal/jsonline"
 	"github.com/goaccel/goaccel/version"
 )
 
@@ -85,26 +84,11 @@ func newSummary(acc *accel.Accelerator, cfg config, res *trainResult, trainExamp
 	}
 }
 
-// seconds rounds to the microsecond: more digits are noise.
-func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1e6) / 1e6 }
+// seconds rounds to the microsecond (jsonline.Seconds).
+func seconds(d time.Duration) float64 { return jsonline.Seconds(d) }
 
 // write prints the summary as one line of JSON.
-func (s summary) write(w io.Writer) error {
-	line, err := json.Marshal(s)
-	if err != nil {
-		return fmt.Errorf("encoding the summary: %w", err)
-	}
-	_, err = fmt.Fprintf(w, "%s\n", line)
-	return err
-}
+func (s summary) write(w io.Writer) error { return jsonline.Write(w, s) }
 
-// jsonFloat is a float64 that encodes NaN and ±Inf as null, so the line stays JSON.
-type jsonFloat float64
-
-func (f jsonFloat) MarshalJSON() ([]byte, error) {
-	v := float64(f)
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return []byte("null"), nil
-	}
-	return json.Marshal(v)
-}
+// jsonFloat encodes NaN and ±Inf (a diverged loss) as null, so the line stays JSON.
+type jsonFloat = jsonline.Float
