@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/goaccel/goaccel/backends/internal/sidechannel"
@@ -169,6 +170,16 @@ type Communicator struct {
 	// resched passes the polling goroutine through Go's scheduler (yieldToOwnP; tests count the calls).
 	// See reschedEvery.
 	resched func()
+
+	// now is where this rank stands, for Activity: kept up to date without allocating, read only when
+	// someone asks (a hang report).
+	now activity
+	// onTimeout is told of every collective timeout before the error returns (SetOnTimeout).
+	onTimeout func(*TimeoutError)
+	// before runs before every collective (SetBeforeCollective); inBefore keeps it from running again for
+	// the collectives it issues itself.
+	before   atomic.Pointer[func()]
+	inBefore atomic.Bool
 }
 
 // departure is what a rank announced on its way out of the job.
@@ -317,7 +328,9 @@ func (c *Communicator) start(call callRecord, bytes int, startFn func() (Request
 	c.stats.PerOp[op].Calls++
 	c.stats.PerOp[op].Bytes += int64(bytes)
 	c.seq++
-	return &Pending{comm: c, req: req, op: op, call: call, bytes: bytes, seq: c.seq, started: time.Now()}, nil
+	now := time.Now()
+	c.now.started(c.seq, call, bytes, now)
+	return &Pending{comm: c, req: req, op: op, call: call, bytes: bytes, seq: c.seq, started: now}, nil
 }
 
 // busyPollFor is how long a wait polls without sleeping. Engines progress only inside Test (Open MPI's
@@ -384,6 +397,9 @@ func (c *Communicator) wait(p *Pending) error {
 		c.resched()
 	}
 	var sliceAt time.Duration
+	c.mu.Lock()
+	c.now.waits(p, begin)
+	c.mu.Unlock()
 	deadline := p.started.Add(c.timeout)
 	var sleep time.Duration
 	for {
@@ -393,6 +409,7 @@ func (c *Communicator) wait(p *Pending) error {
 		if done || err != nil {
 			c.mu.Lock()
 			c.stats.PerOp[p.op].Wait += time.Since(begin)
+			c.now.waited(p, time.Now(), false)
 			if err != nil {
 				c.broken = err
 			}
@@ -416,6 +433,7 @@ func (c *Communicator) wait(p *Pending) error {
 				c.mu.Lock()
 				c.broken = err
 				c.stats.PerOp[p.op].Wait += time.Since(begin)
+				c.now.waited(p, time.Now(), false)
 				c.mu.Unlock()
 				return err
 			}
@@ -429,7 +447,12 @@ func (c *Communicator) wait(p *Pending) error {
 			}
 			c.broken = terr
 			c.stats.PerOp[p.op].Wait += time.Since(begin)
+			c.now.waited(p, time.Now(), true)
+			onTimeout := c.onTimeout
 			c.mu.Unlock()
+			if onTimeout != nil {
+				onTimeout(terr)
+			}
 			return terr
 		}
 		if inWait := now.Sub(begin); inWait < busyPollFor {
@@ -444,6 +467,7 @@ func (c *Communicator) wait(p *Pending) error {
 // AllReduceSumAsync starts an in-place sum of b across ranks (BufferOf(slice) makes b of a slice); its
 // memory must not be touched until Wait returns.
 func (c *Communicator) AllReduceSumAsync(b Buffer) (*Pending, error) {
+	c.beforeCollective()
 	if err := b.check(); err != nil {
 		return nil, err
 	}
@@ -466,6 +490,7 @@ func (c *Communicator) AllReduceSum(b Buffer) error {
 // in recv: send is Size() blocks of len(recv) elements, and rank r receives the sum of block r. Neither
 // buffer may be touched until Wait returns.
 func (c *Communicator) ReduceScatterSumAsync(send, recv Buffer) (*Pending, error) {
+	c.beforeCollective()
 	s, r, err := c.blocks("reduce-scatter", recv, send)
 	if err != nil {
 		return nil, err
@@ -503,6 +528,7 @@ func (c *Communicator) blocks(what string, block, whole Buffer) (Buffer, Buffer,
 
 // Broadcast copies root's buf into every rank's buf.
 func (c *Communicator) Broadcast(b Buffer, root int) error {
+	c.beforeCollective()
 	if err := b.check(); err != nil {
 		return err
 	}
@@ -522,6 +548,7 @@ func (c *Communicator) Broadcast(b Buffer, root int) error {
 // AllGatherAsync starts gathering every rank's send into recv, ordered by rank. len(recv) must be
 // Size()*len(send). Neither buffer may be touched until Wait returns.
 func (c *Communicator) AllGatherAsync(send, recv Buffer) (*Pending, error) {
+	c.beforeCollective()
 	r, s, err := c.blocks("all-gather", send, recv)
 	if err != nil {
 		return nil, err
@@ -543,6 +570,7 @@ func (c *Communicator) AllGather(send, recv Buffer) error {
 
 // Barrier returns once every rank reached it.
 func (c *Communicator) Barrier() error {
+	c.beforeCollective()
 	if err := c.checkCall(OpBarrier, Buffer{}, -1); err != nil {
 		return err
 	}

@@ -7,3 +7,46 @@ package jobenv
 // number of times the job was restarted so far, 0 on the first run, as torchrun's
 // TORCHELASTIC_RESTART_COUNT. goaccel programs read it as accel.Accelerator.RestartCount.
 const RestartCount = "GOACCEL_RESTART_COUNT"
+
+// ReportLinePrefix starts every line of a rank's hang report on its standard error: what it is doing and
+// its goroutines' stacks. The launcher keeps these lines in the rank's log, off the terminal.
+const ReportLinePrefix = "goaccel-report: "
+
+// StateLinePrefix starts the line that ends a rank's hang report: a RankState as JSON, which the launcher
+// reads to say which ranks wait in which collective and which has not arrived.
+const StateLinePrefix = "goaccel-state: "
+
+// Why a rank reports.
+const (
+	// ReasonAsked: the rank received the report signal (SIGUSR2), from the launcher or a user.
+	ReasonAsked = "asked"
+	// ReasonTimeout: one of the rank's collectives ran past its timeout.
+	ReasonTimeout = "collective timeout"
+)
+
+// RankState is what one rank says about itself in a hang report.
+type RankState struct {
+	Rank   int    `json:"rank"`
+	Size   int    `json:"size"`
+	Reason string `json:"reason"`
+	Host   string `json:"host,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+	// Seq is the number of the latest collective the rank started (from 1; 0: none yet), Call what it
+	// called there ("all-reduce of float32[2097152]") and Bytes its share.
+	Seq   int64  `json:"seq"`
+	Call  string `json:"call,omitempty"`
+	Bytes int64  `json:"bytes,omitempty"`
+	// Waiting: the rank waits for collective WaitSeq (WaitCall, WaitBytes) to complete, for WaitedSeconds
+	// so far. TimedOut: it waited there until its timeout and gave up, which for the job is the same:
+	// another rank never joined.
+	Waiting       bool    `json:"waiting,omitempty"`
+	TimedOut      bool    `json:"timed_out,omitempty"`
+	WaitSeq       int64   `json:"wait_seq,omitempty"`
+	WaitCall      string  `json:"wait_call,omitempty"`
+	WaitBytes     int64   `json:"wait_bytes,omitempty"`
+	WaitedSeconds float64 `json:"waited_s,omitempty"`
+	// Doing is what the program says it is doing (the communicator's describer: "optimizer step 12").
+	Doing string `json:"doing,omitempty"`
+	// Failed is the error that made the rank's communicator unusable, if any.
+	Failed string `json:"failed,omitempty"`
+}
