@@ -47,6 +47,10 @@ type Accelerator struct {
 	checkpointLocks map[string]*checkpoint.Lock
 	// userState holds the program's values registered for checkpointing.
 	userState userstate.Registry
+	// hang writes this rank's hang report when asked (hang.go); stragglers times the optimizer steps and
+	// finds a rank that is persistently slower (stragglers.go).
+	hang       *hangReports
+	stragglers *stragglers
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
@@ -100,6 +104,7 @@ func New(opts ...Option) (*Accelerator, error) {
 		}
 	}
 	a.comm.SetDescriber(a.describe)
+	a.observe()
 	// A binary whose GoMLX is not the release goaccel's kernels were written for trains on GoMLX's own
 	// kernels: correct, but several times slower, so the job's first line says why.
 	if k := cpu.CurrentKernels(); k.Inert != "" && cpu.IsPureGo(a.compute) {
@@ -202,6 +207,7 @@ func (a *Accelerator) Close() error {
 		return nil
 	}
 	a.closed = true
+	a.stopObserving()
 	trackersErr := errors.Join(a.closeTrackers(), a.releaseCheckpointDirs())
 	if a.ownComm {
 		return errors.Join(a.comm.Close(), trackersErr)
@@ -296,11 +302,16 @@ type Stats struct {
 	Collectives backends.Stats
 	// ComputeTime is time spent in compiled training and optimizer steps.
 	ComputeTime time.Duration
+	// StepMedian and StepP95 are this rank's optimizer step time, median and 95th percentile: its own
+	// share of a step, less its waits for the other ranks (see RankTiming; RankTimings has every rank's).
+	StepMedian, StepP95 time.Duration
 }
 
 // Stats returns the counters so far.
 func (a *Accelerator) Stats() Stats {
 	s := Stats{Collectives: a.comm.Stats()}
+	t := a.rankTiming()
+	s.StepMedian, s.StepP95 = t.StepMedian, t.StepP95
 	for _, m := range a.models {
 		s.MicroBatches += m.MicroSteps()
 		s.ComputeTime += m.ComputeTime()

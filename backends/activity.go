@@ -14,10 +14,12 @@ type Activity struct {
 	Bytes   int
 	Started time.Time
 	// Waiting: this rank waits in collective WaitSeq (WaitCall, WaitBytes) since WaitBegan. After the wait
-	// ended, the Wait fields describe the last wait and WaitEnded says when it ended; TimedOut says that it
-	// ended because the collective ran past the timeout.
+	// ended, the Wait fields describe the last wait and WaitEnded says when it ended. A wait that ended
+	// without the collective completing says why: TimedOut, it ran past the timeout; Abandoned, another
+	// rank failed or left, or the engine failed it. For the job such a rank is still at WaitSeq.
 	Waiting   bool
 	TimedOut  bool
+	Abandoned bool
 	WaitSeq   int64
 	WaitCall  string
 	WaitOp    Op
@@ -51,6 +53,7 @@ type activity struct {
 
 	waiting   bool
 	timedOut  bool
+	abandoned bool
 	waitSeq   int64
 	waitCall  callRecord
 	waitBytes int
@@ -65,17 +68,26 @@ func (a *activity) started(seq int64, call callRecord, bytes int, now time.Time)
 
 // waits records that a wait for p began at now. Call it with c.mu held.
 func (a *activity) waits(p *Pending, now time.Time) {
-	a.waiting, a.timedOut = true, false
+	a.waiting, a.timedOut, a.abandoned = true, false, false
 	a.waitSeq, a.waitCall, a.waitBytes, a.waitBegan, a.waitEnded = p.seq, p.call, p.bytes, now, time.Time{}
 }
 
-// waited records that the wait for p ended at now (timedOut: at the timeout). A wait for another
-// collective that began meanwhile (from another goroutine) stays the one recorded. Call it with c.mu held.
-func (a *activity) waited(p *Pending, now time.Time, timedOut bool) {
+// How a wait ended.
+type waitEnd int
+
+const (
+	waitCompleted waitEnd = iota
+	waitTimedOut
+	waitAbandoned // another rank left or failed, or the engine failed the collective
+)
+
+// waited records that the wait for p ended at now, as end says. A wait for another collective that began
+// meanwhile (from another goroutine) stays the one recorded. Call it with c.mu held.
+func (a *activity) waited(p *Pending, now time.Time, end waitEnd) {
 	if a.waitSeq != p.seq {
 		return
 	}
-	a.waiting, a.timedOut, a.waitEnded = false, timedOut, now
+	a.waiting, a.timedOut, a.abandoned, a.waitEnded = false, end == waitTimedOut, end == waitAbandoned, now
 }
 
 // Activity returns where this rank stands (see Activity), with the describer's answer. It is cheap and
@@ -85,7 +97,7 @@ func (c *Communicator) Activity() Activity {
 	a := c.now
 	broken, describe := c.broken, c.describe
 	c.mu.Unlock()
-	act := Activity{Seq: a.seq, Bytes: a.bytes, Started: a.begun, Waiting: a.waiting, TimedOut: a.timedOut,
+	act := Activity{Seq: a.seq, Bytes: a.bytes, Started: a.begun, Waiting: a.waiting, TimedOut: a.timedOut, Abandoned: a.abandoned,
 		WaitSeq: a.waitSeq, WaitBytes: a.waitBytes, WaitBegan: a.waitBegan, WaitEnded: a.waitEnded, Broken: broken}
 	if a.seq > 0 {
 		act.Call, act.Op = a.call.String(), a.call.op()

@@ -409,7 +409,11 @@ func (c *Communicator) wait(p *Pending) error {
 		if done || err != nil {
 			c.mu.Lock()
 			c.stats.PerOp[p.op].Wait += time.Since(begin)
-			c.now.waited(p, time.Now(), false)
+			end := waitCompleted
+			if err != nil {
+				end = waitAbandoned
+			}
+			c.now.waited(p, time.Now(), end)
 			if err != nil {
 				c.broken = err
 			}
@@ -433,7 +437,7 @@ func (c *Communicator) wait(p *Pending) error {
 				c.mu.Lock()
 				c.broken = err
 				c.stats.PerOp[p.op].Wait += time.Since(begin)
-				c.now.waited(p, time.Now(), false)
+				c.now.waited(p, time.Now(), waitAbandoned)
 				c.mu.Unlock()
 				return err
 			}
@@ -447,7 +451,7 @@ func (c *Communicator) wait(p *Pending) error {
 			}
 			c.broken = terr
 			c.stats.PerOp[p.op].Wait += time.Since(begin)
-			c.now.waited(p, time.Now(), true)
+			c.now.waited(p, time.Now(), waitTimedOut)
 			onTimeout := c.onTimeout
 			c.mu.Unlock()
 			if onTimeout != nil {

@@ -54,6 +54,8 @@ func (a *app) launch(args []string) int {
 	maxRestarts := fs.Int("max-restarts", 0, "start the whole job again, up to `N` times, when one of its processes "+
 		"fails or is killed; the program resumes from its checkpoints and reads the count as "+
 		launch.RestartCountEnvVar)
+	timeout := fs.Duration("timeout", 0, "stop the job once it has run for `DURATION` (0: no limit), after a hang report "+
+		"of what each rank is doing; exits with code 124. kill -USR1 asks for the report of a running job")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: accel launch [-n N] [--hosts NAME:SLOTS,...] [flags] [--] PROGRAM [ARGS...]\n"+
 			"       accel launch --check [--hosts NAME:SLOTS,...] [flags] [-- PROGRAM [ARGS...]]\n\n"+
@@ -82,6 +84,10 @@ func (a *app) launch(args []string) int {
 	}
 	if *maxRestarts < 0 {
 		fmt.Fprintf(a.stderr, "accel launch: -max-restarts must be 0 or more, got %d\n", *maxRestarts)
+		return 2
+	}
+	if *timeout < 0 {
+		fmt.Fprintf(a.stderr, "accel launch: -timeout must be 0 (no limit) or positive, got %s\n", *timeout)
 		return 2
 	}
 	if *checkTimeout <= 0 {
@@ -180,15 +186,24 @@ func (a *app) launch(args []string) int {
 			file, launch.RankTable(procs))
 	})
 	opts = append(opts, launch.WithTaggedOutput(), launch.WithRankAnnouncements(),
-		launch.WithStdio(a.stdin, out.Stdout(), out.Stderr()))
+		launch.WithStdio(a.stdin, out.Stdout(), out.Stderr()), launch.WithHangReports(out),
+		launch.WithJobTimeout(*timeout))
 	var failure *launch.Failure
 	opts = append(opts, launch.WithFailureNotice(func(f launch.Failure) { failure = &f }))
 	code, err := launch.Run(context.Background(), *procs, program, programArgs, opts...)
 	_ = out.Close()
 	ierr := (*launch.InterruptedError)(nil)
 	interrupted := errors.As(err, &ierr)
-	if ran := err == nil || interrupted; !keep && !(ran && code != 0) {
+	terr := (*launch.JobTimeoutError)(nil)
+	timedOut := errors.As(err, &terr)
+	if ran := err == nil || interrupted || timedOut; !keep && !(ran && code != 0) {
 		_ = os.RemoveAll(dir) // nothing to look at: the job succeeded, or never started
+	}
+	if timedOut {
+		// The hang report is above; the ranks' whole reports, stacks included, are in their logs.
+		fmt.Fprintf(a.stderr, "accel launch: the job ran past -timeout %s and was stopped (every rank's whole "+
+			"output: %s)\n", terr.After, filepath.Join(dir, "rank-N.log"))
+		return code
 	}
 	if interrupted {
 		fmt.Fprintf(a.stderr, "accel launch: %v\n", strings.TrimPrefix(err.Error(), "launch: "))

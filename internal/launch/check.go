@@ -178,7 +178,10 @@ func Check(ctx context.Context, procs int, program string, args []string, opts .
 		lines.logs = logs
 	}
 	c.stdout, c.stderr = &lineWriter{emit: lines.line}, &lineWriter{emit: lines.line}
-	code, failure, err := c.runOnce(ctx, procs, program, args, nil)
+	// The check's processes are not the job's: they make no hang reports, and the check has a deadline of
+	// its own.
+	c.hangOut = nil
+	code, failure, err := c.runOnce(ctx, procs, program, args, nil, nil, nil)
 	failed := -1
 	if failure != nil {
 		failed = failure.Rank

@@ -11,8 +11,11 @@ import (
 // and mpirun cannot be given the parent-death signal itself: the kernel sends it once per thread of the
 // dying Go process that mpirun gets reparented to, and Open MPI's mpirun takes a second SIGTERM as "exit
 // now" and leaves the ranks running. The shell turns the repeated signals into exactly one SIGTERM, which
-// mpirun answers by ending the job. Other signals it forwards as they come; stdin is passed on explicitly,
-// because a background command's stdin is otherwise /dev/null. It exits with mpirun's status (128+N when
+// mpirun answers by ending the job. Other signals it forwards as they come: SIGUSR2 among them, the
+// launcher asking the ranks for their hang reports (ReportSignal), which for that reason cannot be the
+// parent-death signal, the guard's "end the job". The user asks the launcher with SIGUSR1 (AskSignal), but
+// that one reaches the launcher alone, never the guard. stdin is passed on explicitly, because a
+// background command's stdin is otherwise /dev/null. It exits with mpirun's status (128+N when
 // mpirun died of signal N), as the launcher reports it.
 const guardScript = `exec 3<&0
 "$@" <&3 3<&- &
@@ -23,6 +26,7 @@ trap 'if [ -z "$ended" ]; then ended=1; kill -TERM "$child" 2>/dev/null; fi' USR
 trap 'kill -INT "$child" 2>/dev/null' INT
 trap 'kill -TERM "$child" 2>/dev/null' TERM
 trap 'kill -HUP "$child" 2>/dev/null' HUP
+trap 'kill -USR2 "$child" 2>/dev/null' USR2
 while :; do
 	wait "$child"
 	status=$?

@@ -118,6 +118,9 @@ type config struct {
 	// announce: see WithRankAnnouncements; checkLogs: see WithCheckLogs.
 	announce  bool
 	checkLogs string
+	// hangOut and jobTimeout: see WithHangReports and WithJobTimeout.
+	hangOut    *Output
+	jobTimeout time.Duration
 }
 
 // WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
@@ -514,12 +517,26 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(signals)
+	// Asked for a hang report: only a launcher that can read the answers listens (the signal's default
+	// ends the process).
+	var asked chan os.Signal
+	if c.hangOut != nil {
+		asked = make(chan os.Signal, 1)
+		signal.Notify(asked, AskSignal)
+		defer signal.Stop(asked)
+	}
+	var deadline <-chan time.Time
+	if c.jobTimeout > 0 {
+		timer := time.NewTimer(c.jobTimeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
 	environ := c.environ
 	for restarts := 0; ; restarts++ {
 		if c.maxRestarts > 0 {
 			c.environ = append(slices.Clone(environ), fmt.Sprintf("%s=%d", RestartCountEnvVar, restarts))
 		}
-		code, failure, err := c.runOnce(ctx, procs, program, args, signals)
+		code, failure, err := c.runOnce(ctx, procs, program, args, signals, asked, deadline)
 		if failure != nil && restarts == 0 && failure.isUsageError() {
 			failure.Usage = true // not restarted: the same command would be refused again
 		}
@@ -539,6 +556,8 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 		select {
 		case sig := <-signals:
 			return 128 + int(sig.(syscall.Signal)), &InterruptedError{Signal: sig.(syscall.Signal)}
+		case <-deadline:
+			return JobTimeoutExitCode, &JobTimeoutError{After: c.jobTimeout}
 		default:
 		}
 	}
@@ -546,7 +565,8 @@ func Run(ctx context.Context, procs int, program string, args []string, opts ...
 
 // runOnce runs the job once and returns mpirun's exit code and, when mpirun reported one, the process
 // that failed.
-func (c *config) runOnce(ctx context.Context, procs int, program string, args []string, signals <-chan os.Signal) (int, *Failure, error) {
+func (c *config) runOnce(ctx context.Context, procs int, program string, args []string, signals, asked <-chan os.Signal,
+	deadline <-chan time.Time) (int, *Failure, error) {
 	watch := failureWatch{namesHosts: c.placesOnHosts()}
 	attempt := *c
 	attempt.stdout, attempt.stderr = watch.tee(c.stdout), watch.tee(c.stderr)
@@ -564,7 +584,21 @@ func (c *config) runOnce(ctx context.Context, procs int, program string, args []
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
+	// The hang reports: asked by the user, by a rank whose collective timed out, or by the job's timeout.
+	hang := &hangAsker{out: c.hangOut, proc: cmd.Process, ended: make(chan struct{})}
+	stalled := make(chan time.Time, 1)
+	if c.hangOut != nil {
+		c.hangOut.mu.Lock()
+		c.hangOut.onStall = func(at time.Time) {
+			select {
+			case stalled <- at:
+			default:
+			}
+		}
+		c.hangOut.mu.Unlock()
+	}
 	var interrupted os.Signal
+	timedOut := false
 	for {
 		select {
 		case sig := <-signals:
@@ -572,7 +606,25 @@ func (c *config) runOnce(ctx context.Context, procs int, program string, args []
 				interrupted = sig
 			}
 			_ = cmd.Process.Signal(sig)
+		case <-asked:
+			hang.ask("asked with SIGUSR1", time.Now())
+		case at := <-stalled:
+			hang.ask("a rank's collective timed out", at)
+		case <-deadline:
+			deadline = nil
+			timedOut = true
+			if c.hangOut != nil {
+				hang.ask(fmt.Sprintf("the job ran past its timeout, %s", c.jobTimeout), time.Now())
+				hang.wait()
+			}
+			// As an interrupted launcher does: mpirun ends the job on SIGTERM.
+			_ = cmd.Process.Signal(syscall.SIGTERM)
 		case err := <-waited:
+			close(hang.ended)
+			hang.wait()
+			if timedOut {
+				return JobTimeoutExitCode, nil, &JobTimeoutError{After: c.jobTimeout}
+			}
 			if sig, ok := interrupted.(syscall.Signal); ok {
 				// Whatever mpirun made of it, the job ended because it was asked to: say so, with the code a
 				// shell gives a command ended by that signal.

@@ -11,6 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/goaccel/goaccel/internal/jobenv"
 )
 
 // Output sorts the output of a job whose mpirun tags every line with its rank (Open MPI's --tag-output,
@@ -35,6 +38,10 @@ type Output struct {
 	// onRanks is told once all did.
 	ranks   rankProcesses
 	onRanks func([]RankProcess, string)
+	// states are the ranks' latest hang report states (hang.go); onStall is told when one reports a
+	// collective timeout.
+	states  map[int]stateArrival
+	onStall func(time.Time)
 }
 
 type errLine struct {
@@ -56,6 +63,9 @@ func NewOutput(dir string, stdout, stderr io.Writer) (*Output, error) {
 	return &Output{dir: dir, stdout: stdout, stderr: stderr, files: map[int]*os.File{}, mpirun: f}, nil
 }
 
+// logPattern is where rank N's whole output is.
+func (o *Output) logPattern() string { return filepath.Join(o.dir, "rank-N.log") }
+
 // Dir is where the logs are.
 func (o *Output) Dir() string { return o.dir }
 
@@ -74,6 +84,8 @@ var noise = []string{
 	"Primary job  terminated normally", "mpirun detected that one or more processes exited with non-zero status",
 	"mpirun noticed that process rank", "ORTE_ERROR_LOG", "help message help-", "orte_base_help_aggregate",
 	"NOTE: invoking MPI_ABORT",
+	// The launcher asked the ranks for their hang reports (ReportSignal) and says so itself.
+	"mpirun: Forwarding signal",
 }
 
 func isNoise(line string) bool {
@@ -95,6 +107,14 @@ func (o *Output) line(line string) {
 	}
 	if p, ok := parseRankLine(text); ok && p.Rank == rank {
 		o.rankAnnounced(p) // in the rank's log, ranks.txt and OnRanks's table, not on the terminal
+		return
+	}
+	// A hang report is for the rank's log; its state line, for the launcher's summary.
+	if strings.HasPrefix(text, jobenv.ReportLinePrefix) {
+		return
+	}
+	if state, ok := strings.CutPrefix(text, jobenv.StateLinePrefix); ok {
+		o.stateLine(rank, state)
 		return
 	}
 	if stream == "stdout" {

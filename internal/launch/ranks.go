@@ -89,6 +89,7 @@ func (o *Output) Restarted() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.ranks = rankProcesses{}
+	o.states = nil
 }
 
 // rankAnnounced records a process's announcement; o.mu is held.
