@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/goaccel/goaccel/internal/jobenv"
 	"github.com/goaccel/goaccel/internal/launch"
 )
 
@@ -162,4 +163,20 @@ func ExampleCheck() {
 	//   bus bandwidth = size / time × 2(N−1)/N: what each process sent and received per second in a ring;
 	//   the slowest link between hosts bounds it
 	// error: <nil>
+}
+
+// HangSummary is what `accel launch` prints when asked where its job is stuck: here rank 1 was stopped
+// while the others waited in all-reduce #118.
+func ExampleHangSummary() {
+	wait := func(rank int) jobenv.RankState {
+		return jobenv.RankState{Rank: rank, Size: 4, Seq: 118, Waiting: true, WaitSeq: 118,
+			WaitCall: "all-reduce of float32[2097152]", WaitBytes: 8 << 20, WaitedSeconds: 92}
+	}
+	states := map[int]jobenv.RankState{0: wait(0), 2: wait(2), 3: wait(3)}
+	for _, line := range launch.HangSummary(4, states) {
+		fmt.Println(line)
+	}
+	// Output:
+	// ranks 0, 2, 3 wait in all-reduce #118 (float32[2097152], 8.0 MiB) for 92 s
+	// rank 1 did not answer (stopped or busy in native code); has not arrived at all-reduce #118, where ranks 0, 2, 3 wait
 }
