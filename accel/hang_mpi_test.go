@@ -214,5 +214,21 @@ func TestHangReportOfABusyRank(t *testing.T) {
 	assert.Contains(t, string(log), "goaccel-report: rank 1: in no collective; its latest was #")
 	assert.Contains(t, string(log), "goaccel-report: rank 1: the program says it is in optimizer step 1")
 	assert.Regexp(t, `goaccel-report: \S*accel_test\.spinBeforeAllReduce\(`, string(log), "the loop, in rank 1's stack")
+	t.Logf("rank 1's log, its first report's lines:\n%s", firstReport(string(log)))
 	t.Logf("the launcher's terminal:\n%s", job.terminal)
+}
+
+// firstReport is the first hang report in a rank's log, as the rank wrote it, for the test's log.
+func firstReport(log string) string {
+	var b strings.Builder
+	for line := range strings.Lines(log) {
+		text := strings.TrimPrefix(line, "stderr: ")
+		if strings.HasPrefix(text, "goaccel-report: ") || strings.HasPrefix(text, "goaccel-state: ") {
+			b.WriteString(text)
+		}
+		if strings.HasPrefix(text, "goaccel-state: ") {
+			break
+		}
+	}
+	return b.String()
 }
