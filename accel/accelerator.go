@@ -92,6 +92,7 @@ func New(opts ...Option) (*Accelerator, error) {
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
+	a.rt.Sharding = cfg.shardingOrDefault()
 	if cfg.compression != accumulate.NoCompression {
 		if a.rt.CommHook, err = accumulate.NewCompressionHook(cfg.compression); err != nil {
 			err = fmt.Errorf("accel: %w", err)
