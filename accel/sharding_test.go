@@ -3,6 +3,8 @@ package accel_test
 import (
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -222,4 +224,89 @@ func momentsOf(r shardingRun) int {
 		return 1
 	}
 	return 2
+}
+
+// runShardedShape runs fn on the ranks of s with s's K and sharding strategy, an Adam optimizer, and returns
+// rank 0's final weights.
+func runShardedShape(t *testing.T, s shape, sharding accumulate.Sharding, fn func(acc *accel.Accelerator, r resumable) error) *context.Context {
+	t.Helper()
+	var final *context.Context
+	opts := []accel.Option{accel.WithGradientAccumulationSteps(s.k), accel.WithSeed(11), accel.WithSharding(sharding)}
+	runRanks(t, s.ranks, opts, func(rank int, acc *accel.Accelerator) error {
+		r := prepareResumableWith(t, acc, testmodel.Adam, resizeExamples, s.b, 1)
+		if err := fn(acc, r); err != nil || rank != 0 {
+			return err
+		}
+		snap, err := testmodel.TakeSnapshot(r.model.Parameters())
+		final = snap.Context()
+		return err
+	})
+	return final
+}
+
+// TestShardedCheckpointsReshard: a checkpoint saved under a sharding strategy by N processes, each writing
+// its own blocks of the optimizer state, resumes on another number of processes and under another
+// strategy (or replicated), and a replicated checkpoint resumes sharded: the rest of the run gives the
+// weights of a run that never stopped, within 1e-5 relative (Adam, whose moments must survive the
+// resharding for that). The checkpoint records the strategy and holds one file of blocks per process.
+func TestShardedCheckpointsReshard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains in-process jobs of up to 4 ranks")
+	}
+	const epochs, stopAfter = 2, 4
+	type run struct {
+		shape    shape
+		sharding accumulate.Sharding
+	}
+	for _, tc := range []struct{ from, to run }{
+		{run{shape{4, 1, 2}, accel.ShardOptimizer}, run{shape{2, 1, 4}, accel.ShardGradients}},
+		{run{shape{4, 1, 2}, accel.ShardGradients}, run{shape{1, 1, 8}, accel.Replicated}},
+		{run{shape{2, 2, 2}, accel.ShardGradients}, run{shape{4, 1, 2}, accel.ShardOptimizer}},
+		{run{shape{1, 1, 8}, accel.Replicated}, run{shape{4, 1, 2}, accel.ShardOptimizer}},
+		{run{shape{2, 1, 4}, accel.Replicated}, run{shape{2, 2, 2}, accel.ShardGradients}},
+	} {
+		name := fmt.Sprintf("%d %s to %d %s", tc.from.shape.ranks, tc.from.sharding.Name(), tc.to.shape.ranks,
+			tc.to.sharding.Name())
+		t.Run(name, func(t *testing.T) {
+			require.Equal(t, tc.from.shape.global(), tc.to.shape.global())
+			dir := t.TempDir()
+			straight := runShardedShape(t, tc.from.shape, tc.from.sharding, func(acc *accel.Accelerator, r resumable) error {
+				_, err := r.trainCurve(acc, epochs, 0)
+				return err
+			})
+			var saved string
+			atSave := runShardedShape(t, tc.from.shape, tc.from.sharding, func(acc *accel.Accelerator, r resumable) error {
+				if _, err := r.trainCurve(acc, epochs, stopAfter); err != nil {
+					return err
+				}
+				path, err := acc.SaveState(dir)
+				saved = path
+				return err
+			})
+			state, err := os.ReadFile(filepath.Join(saved, "state.json"))
+			require.NoError(t, err)
+			blocks, err := filepath.Glob(filepath.Join(saved, "model-0", "blocks", "rank-*.bin"))
+			require.NoError(t, err)
+			if tc.from.sharding.Stage() > 0 {
+				assert.Contains(t, string(state), fmt.Sprintf(`"strategy": %q`, tc.from.sharding.Name()))
+				assert.Len(t, blocks, tc.from.shape.ranks, "one file of blocks per process")
+			} else {
+				assert.NotContains(t, string(state), `"sharding"`)
+				assert.Empty(t, blocks)
+			}
+			resumed := runShardedShape(t, tc.to.shape, tc.to.sharding, func(acc *accel.Accelerator, r resumable) error {
+				if err := acc.LoadState(dir); err != nil {
+					return err
+				}
+				_, err := r.trainCurve(acc, epochs, 0)
+				return err
+			})
+			moved, _, err := testmodel.MaxRelativeError(allVariables(resumed), atSave)
+			require.NoError(t, err)
+			require.Greater(t, moved, 1e-3, "the weights moved after the checkpoint")
+			worst, name, err := testmodel.MaxRelativeError(allVariables(resumed), straight)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, worst, 1e-5, "variable %s", name)
+		})
+	}
 }
