@@ -297,12 +297,21 @@ type Stats struct {
 	Collectives backends.Stats
 	// ComputeTime is time spent in compiled training and optimizer steps.
 	ComputeTime time.Duration
+	// Sharding names the strategy the models' state is split with ("replicated" on one process, whatever
+	// WithSharding asked for), and OptimizerStateBytes is the size of the optimizer state this process
+	// holds: 1/N of the replicated size under a strategy that splits buckets.
+	Sharding            string
+	OptimizerStateBytes int64
 }
 
 // Stats returns the counters so far.
 func (a *Accelerator) Stats() Stats {
-	s := Stats{Collectives: a.comm.Stats()}
+	s := Stats{Collectives: a.comm.Stats(), Sharding: a.rt.Sharding.Name()}
+	if a.WorldSize() == 1 {
+		s.Sharding = accumulate.Replicated{}.Name()
+	}
 	for _, m := range a.models {
+		s.OptimizerStateBytes += m.OptimizerStateBytes()
 		s.MicroBatches += m.MicroSteps()
 		s.ComputeTime += m.ComputeTime()
 		if r := m.Reducer(); r != nil {

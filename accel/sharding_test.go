@@ -17,6 +17,7 @@ import (
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/internal/testing/testmodel"
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // shardingRun is one configuration of the sharding tests: the optimizer, K, and what composes with it.
@@ -53,6 +54,9 @@ type shardedResult struct {
 	params     map[string][]float32
 	stateElems int
 	steps      int64
+	model      *prepare.Model
+	opt        *prepare.Optimizer
+	loader     *prepare.DataLoader
 }
 
 // trainSharded trains the test MLP for steps optimizer steps on this rank's shard of the data.
@@ -114,7 +118,7 @@ func (r shardingRun) train(acc *accel.Accelerator, inputs, labels *tensors.Tenso
 			break
 		}
 	}
-	res := shardedResult{params: map[string][]float32{}, steps: opt.Steps()}
+	res := shardedResult{params: map[string][]float32{}, steps: opt.Steps(), model: model, opt: opt, loader: loader}
 	for _, v := range model.Parameters() {
 		t, err := v.Value()
 		if err != nil {
@@ -309,4 +313,56 @@ func TestShardedCheckpointsReshard(t *testing.T) {
 			assert.LessOrEqual(t, worst, 1e-5, "variable %s", name)
 		})
 	}
+}
+
+// TestShardedSaveFailsTogether: when one process cannot write its blocks of a sharded save, every process
+// returns the same error (none hangs), no checkpoint appears, the newest complete one stays the one to
+// load, and the next save succeeds.
+func TestShardedSaveFailsTogether(t *testing.T) {
+	dir := t.TempDir()
+	defer accel.SetBlocksWritten(nil)
+	errs := make([]error, 4)
+	runRanks(t, 4, []accel.Option{accel.WithSharding(accel.ShardGradients), accel.WithSeed(3)}, func(rank int, acc *accel.Accelerator) error {
+		r := prepareResumableWith(t, acc, testmodel.Adam, 32, 2, 1)
+		if _, err := r.trainCurve(acc, 1, 1); err != nil {
+			return err
+		}
+		if _, err := acc.SaveState(dir); err != nil {
+			return err
+		}
+		if rank == 0 {
+			accel.SetBlocksWritten(func(rank int) error {
+				if rank == 2 {
+					return fmt.Errorf("disk full on rank %d", rank)
+				}
+				return nil
+			})
+		}
+		// Every rank reaches the barrier below only after rank 0 installed the hook.
+		if err := acc.WaitForEveryone(); err != nil {
+			return err
+		}
+		_, errs[rank] = acc.SaveState(dir)
+		if err := acc.WaitForEveryone(); err != nil {
+			return err
+		}
+		if rank == 0 {
+			accel.SetBlocksWritten(nil)
+		}
+		if err := acc.WaitForEveryone(); err != nil {
+			return err
+		}
+		_, err := acc.SaveState(dir)
+		return err
+	})
+	for rank, err := range errs {
+		require.Error(t, err, "rank %d", rank)
+		assert.Contains(t, err.Error(), "disk full on rank 2", "rank %d", rank)
+	}
+	all, err := filepath.Glob(filepath.Join(dir, "checkpoint-*"))
+	require.NoError(t, err)
+	assert.Len(t, all, 2, "the failed save left no checkpoint: %v", all)
+	temps, err := filepath.Glob(filepath.Join(dir, ".tmp-*"))
+	require.NoError(t, err)
+	assert.Empty(t, temps)
 }

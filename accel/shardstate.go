@@ -27,6 +27,10 @@ import (
 // its own blocks need (so the checkpoint must be on a filesystem every process sees, as the save needs),
 // and a replicated run gets the whole state reassembled by the main process, as it would have saved it.
 
+// blocksWritten, set by tests, runs on every rank of a sharded save once its blocks are written, before the
+// ranks agree: a rank's error there is a failed write, and a rank that dies there dies mid-save.
+var blocksWritten func(rank int) error
+
 // blocksDir is the directory of a model's per-process blocks of optimizer state inside a checkpoint.
 const blocksDir = "blocks"
 
@@ -83,6 +87,9 @@ func (a *Accelerator) shareCheckpointDir(tmp string, state savedState, blocks []
 			writeErr = alsoWrite()
 		}
 		writeErr = errors.Join(writeErr, a.writeBlocks(dir, state, blocks))
+		if blocksWritten != nil {
+			writeErr = errors.Join(writeErr, blocksWritten(a.Rank()))
+		}
 	}
 	return replicas.Agree(a.comm, "accel: saving state: writing the processes' blocks of optimizer state", writeErr)
 }

@@ -75,8 +75,8 @@ type Model struct {
 	// execs are the compiled micro-steps, made on first use: [withOutputs][emit]. withOutputs also outputs
 	// predictions and metrics; emit outputs the gradients instead of adding them into the accumulators
 	// (ShardGradients, on a micro-batch that syncs straight after a step).
-	execs [2][2]*context.Exec
-	metricsFn   MetricsFn
+	execs     [2][2]*context.Exec
+	metricsFn MetricsFn
 	// numOutputs is the number of predictions the model function returns.
 	numOutputs int
 	evalExec   *context.Exec

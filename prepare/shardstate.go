@@ -200,3 +200,42 @@ func (m *Model) BlockVariables() []*context.Variable {
 // Sharding is the strategy the model's gradients and optimizer state are split with (Replicated on one
 // process).
 func (m *Model) Sharding() accumulate.Sharding { return m.sharding }
+
+// OptimizerStateBytes is the size of the per-parameter optimizer state this process holds for the model
+// (Adam's moments: 8 bytes per float32 parameter when replicated, 1/N of that in blocks).
+func (m *Model) OptimizerStateBytes() int64 {
+	if !m.materialized {
+		return 0
+	}
+	var n int64
+	for v := range m.ctx.IterVariables() {
+		if v.Trainable || isBucketVariable(v) || v.Scope() == shardScope {
+			continue
+		}
+		if m.isSlotVariable(v) {
+			n += int64(v.Shape().Memory())
+		}
+	}
+	return n
+}
+
+// isSlotVariable reports whether v is per-parameter optimizer state: named after a trainable variable of
+// its own shape (a parameter, or a parameter block), in a scope that ends with that variable's scope.
+func (m *Model) isSlotVariable(v *context.Variable) bool {
+	owners := m.params
+	if m.sharding != nil && m.sharding.Stage() > 0 {
+		owners = nil
+		for u := range m.ctx.IterVariables() {
+			if u.Trainable && u.Scope() == shardScope {
+				owners = append(owners, u)
+			}
+		}
+	}
+	for _, p := range owners {
+		if strings.HasPrefix(v.Name(), p.Name()+"_") && strings.HasSuffix(v.Scope(), p.Scope()) &&
+			v.Scope() != p.Scope() && slices.Equal(v.Shape().Dimensions, p.Shape().Dimensions) {
+			return true
+		}
+	}
+	return false
+}
