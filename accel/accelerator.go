@@ -311,7 +311,9 @@ func (a *Accelerator) Stats() Stats {
 		s.Sharding = accumulate.Replicated{}.Name()
 	}
 	for _, m := range a.models {
-		s.OptimizerStateBytes += m.OptimizerStateBytes()
+		if m.Materialized() {
+			s.OptimizerStateBytes += a.layout(m).OptimizerStateBytes()
+		}
 		s.MicroBatches += m.MicroSteps()
 		s.ComputeTime += m.ComputeTime()
 		if r := m.Reducer(); r != nil {

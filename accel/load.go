@@ -234,7 +234,7 @@ func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
 		// another plan the blocks cannot be placed: the check on every rank refuses the plan.)
 		m := a.models[i]
 		if sm.Sharding != nil && m.Sharding().Stage() == 0 && slices.Equal(sm.Plan, m.Plan().Signature()) {
-			slots, err := replicatedSlotVariables(modelDir, *sm.Sharding, m)
+			slots, err := replicatedSlotVariables(modelDir, *sm.Sharding, a.layout(m))
 			if err != nil {
 				return nil, fmt.Errorf("checkpoint %s: model %d's blocks of optimizer state: %w", path, i, err)
 			}
@@ -339,7 +339,7 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 			// This run keeps its optimizer state in blocks: read them from the checkpoint's blocks, or cut
 			// them from its replicated variables.
 			var err error
-			if blocks, saved, err = blockValues(m, p.Path, s.Models[i], saved); err != nil {
+			if blocks, saved, err = blockValues(a.layout(m), p.Path, s.Models[i], saved); err != nil {
 				return fmt.Errorf("model %d: %w", i, err)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/testing/testmodel"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -365,4 +367,100 @@ func TestShardedSaveFailsTogether(t *testing.T) {
 	temps, err := filepath.Glob(filepath.Join(dir, ".tmp-*"))
 	require.NoError(t, err)
 	assert.Empty(t, temps)
+}
+
+// customSGD is an optimizer goaccel does not know: GoMLX's SGD under another type.
+type customSGD struct{ *optimizers.SGDConfig }
+
+// TestShardingRefusesUnknownOptimizers: a sharding strategy updates parameter blocks, which is the
+// replicated update only for an element-wise optimizer: one goaccel does not know is refused with an error
+// that says what to do, and accepted once the program vouches for it.
+func TestShardingRefusesUnknownOptimizers(t *testing.T) {
+	runRanks(t, 2, []accel.Option{accel.WithSharding(accel.ShardOptimizer)}, func(rank int, acc *accel.Accelerator) error {
+		model, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
+		if err != nil {
+			return err
+		}
+		custom := customSGD{optimizers.StochasticGradientDescent()}
+		_, err = acc.PrepareOptimizer(model, custom)
+		if assert.Error(t, err) {
+			assert.Contains(t, err.Error(), `sharding "optimizer"`)
+			assert.Contains(t, err.Error(), "accel_test.customSGD")
+			assert.Contains(t, err.Error(), "prepare.ElementWise()")
+		}
+		_, err = acc.PrepareOptimizer(model, custom, accel.ElementWise())
+		return err
+	})
+	// Replicated training takes any optimizer.
+	runRanks(t, 2, nil, func(rank int, acc *accel.Accelerator) error {
+		model, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
+		if err != nil {
+			return err
+		}
+		_, err = acc.PrepareOptimizer(model, customSGD{optimizers.StochasticGradientDescent()})
+		return err
+	})
+}
+
+// Under ShardOptimizer each of 2 processes keeps Adam's moments for half of the parameters (the test
+// MLP's 83, one bucket: blocks of 42), and the weights stay the same on every process. The processes here
+// are goroutines of one in-process group; under `accel launch -n 2` the program is the same without
+// WithCommunicator.
+func ExampleWithSharding() {
+	comms, err := backends.NewInProcessGroup(2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	stats := make([]accel.Stats, 2)
+	var wg sync.WaitGroup
+	for rank := range 2 {
+		wg.Go(func() {
+			acc, err := accel.New(accel.WithCommunicator(comms[rank]), accel.WithSharding(accel.ShardOptimizer))
+			if err != nil {
+				panic(err)
+			}
+			defer acc.Close()
+			model, err := acc.PrepareModel(context.New(), testmodel.MLP, testmodel.Loss)
+			if err != nil {
+				panic(err)
+			}
+			opt, err := acc.PrepareOptimizer(model, optimizers.Adam().Done())
+			if err != nil {
+				panic(err)
+			}
+			x, y := testmodel.Data(16, 1)
+			src, err := accel.TensorSource([]*tensors.Tensor{x}, []*tensors.Tensor{y})
+			if err != nil {
+				panic(err)
+			}
+			loader, err := acc.PrepareDataLoader(src, accel.BatchSize(4))
+			if err != nil {
+				panic(err)
+			}
+			for batch, err := range loader.All() {
+				if err != nil {
+					panic(err)
+				}
+				if _, err := acc.Backward(model, batch); err != nil {
+					panic(err)
+				}
+				if _, err := opt.Step(); err != nil {
+					panic(err)
+				}
+				if err := opt.ZeroGrad(); err != nil {
+					panic(err)
+				}
+			}
+			stats[rank] = acc.Stats()
+		})
+	}
+	wg.Wait()
+	for rank, s := range stats {
+		fmt.Printf("rank %d: %s, %d steps, %d bytes of optimizer state\n", rank, s.Sharding, s.OptimizerSteps,
+			s.OptimizerStateBytes)
+	}
+	// Output:
+	// rank 0: optimizer, 2 steps, 336 bytes of optimizer state
+	// rank 1: optimizer, 2 steps, 336 bytes of optimizer state
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/blockstate"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 )
@@ -40,7 +41,13 @@ type savedSharding struct {
 	Strategy  string `json:"strategy"`
 	Processes int    `json:"processes"`
 	// Slots are the kinds of optimizer state, in the order each file holds them.
-	Slots []prepare.StateSlot `json:"slots"`
+	Slots []blockstate.StateSlot `json:"slots"`
+}
+
+// layout places model m's blocks on this process.
+func (a *Accelerator) layout(m *prepare.Model) blockstate.Layout {
+	return blockstate.Layout{Ctx: m.Context(), Plan: m.Plan(), Params: m.Parameters(), Sharding: m.Sharding(),
+		Rank: a.Rank(), Size: a.WorldSize()}
 }
 
 func blockFile(rank int) string { return filepath.Join(blocksDir, fmt.Sprintf("rank-%05d.bin", rank)) }
@@ -50,7 +57,7 @@ func (a *Accelerator) savedShardingOf(m *prepare.Model) *savedSharding {
 	if m.Sharding() == nil || m.Sharding().Stage() == 0 {
 		return nil
 	}
-	return &savedSharding{Strategy: m.Sharding().Name(), Processes: a.WorldSize(), Slots: m.StateSlots()}
+	return &savedSharding{Strategy: m.Sharding().Name(), Processes: a.WorldSize(), Slots: a.layout(m).StateSlots()}
 }
 
 // blockStates are this rank's blocks of every model's optimizer state (nil for a replicated model), and
@@ -62,7 +69,7 @@ func (a *Accelerator) blockStates() ([][]byte, bool, error) {
 		if a.savedShardingOf(m) == nil {
 			continue
 		}
-		data, err := m.BlockState()
+		data, err := a.layout(m).BlockState()
 		if err != nil {
 			return nil, false, fmt.Errorf("accel: saving state: model %d: %w", i, err)
 		}
@@ -122,12 +129,12 @@ func (a *Accelerator) writeBlocks(dir string, state savedState, blocks [][]byte)
 type blockFiles struct {
 	modelDir string
 	saved    savedSharding
-	model    *prepare.Model
+	layout   blockstate.Layout
 	files    map[int]*os.File
 }
 
-func newBlockFiles(modelDir string, saved savedSharding, m *prepare.Model) *blockFiles {
-	return &blockFiles{modelDir: modelDir, saved: saved, model: m, files: map[int]*os.File{}}
+func newBlockFiles(modelDir string, saved savedSharding, layout blockstate.Layout) *blockFiles {
+	return &blockFiles{modelDir: modelDir, saved: saved, layout: layout, files: map[int]*os.File{}}
 }
 
 func (f *blockFiles) Close() error {
@@ -149,7 +156,7 @@ func (f *blockFiles) file(r int) (*os.File, error) {
 	}
 	info, err := file.Stat()
 	if err == nil {
-		if want := f.model.BlockStateLen(f.saved.Slots, r, f.saved.Processes); info.Size() != int64(want) {
+		if want := f.layout.BlockStateLen(f.saved.Slots, r, f.saved.Processes); info.Size() != int64(want) {
 			err = fmt.Errorf("%s has %d bytes; rank %d of %d holds %d", blockFile(r), info.Size(), r,
 				f.saved.Processes, want)
 		}
@@ -162,14 +169,14 @@ func (f *blockFiles) file(r int) (*os.File, error) {
 	return file, nil
 }
 
-// read is a prepare.SlotReader over the files.
-func (f *blockFiles) read(slot prepare.StateSlot, b, from, to int, dst []byte) error {
+// read is a blockstate.SlotReader over the files.
+func (f *blockFiles) read(slot blockstate.StateSlot, b, from, to int, dst []byte) error {
 	k := slices.Index(f.saved.Slots, slot)
 	if k < 0 {
 		return fmt.Errorf("the checkpoint holds no optimizer state %s…%s (%s): it was saved with another "+
 			"optimizer", slot.Prefix, slot.Suffix, slot.DType)
 	}
-	plan := f.model.Plan()
+	plan := f.layout.Plan
 	if b >= len(plan.Buckets) {
 		return fmt.Errorf("bucket %d of a plan of %d", b, len(plan.Buckets))
 	}
@@ -226,7 +233,7 @@ func checkSavedSharding(s *savedSharding) error {
 // replicatedSlotVariables reassembles a sharded checkpoint's optimizer state of model m as a replicated
 // run keeps it, for the main process to send with the other variables (a replicated run loading a
 // sharded checkpoint).
-func replicatedSlotVariables(modelDir string, saved savedSharding, m *prepare.Model) (vars []savedVariable, err error) {
+func replicatedSlotVariables(modelDir string, saved savedSharding, m blockstate.Layout) (vars []savedVariable, err error) {
 	files := newBlockFiles(modelDir, saved, m)
 	defer func() { err = errors.Join(err, files.Close()) }()
 	for _, slot := range saved.Slots {
@@ -249,7 +256,7 @@ func replicatedSlotVariables(modelDir string, saved savedSharding, m *prepare.Mo
 // blockValues are the values of a sharded run's blocks of optimizer state from a checkpoint: read from the
 // blocks files of a sharded checkpoint, or cut from the replicated variables of another (which it takes
 // out of saved, so that the rest matches the run's replicated variables).
-func blockValues(m *prepare.Model, checkpointPath string, sm savedModel, saved []savedVariable) (
+func blockValues(m blockstate.Layout, checkpointPath string, sm savedModel, saved []savedVariable) (
 	map[*context.Variable]*tensors.Tensor, []savedVariable, error) {
 	if sm.Sharding != nil {
 		files := newBlockFiles(filepath.Join(checkpointPath, sm.Dir), *sm.Sharding, m)
@@ -258,7 +265,7 @@ func blockValues(m *prepare.Model, checkpointPath string, sm savedModel, saved [
 	}
 	slotNames := map[string]bool{}
 	for _, slot := range m.StateSlots() {
-		for p := range m.Parameters() {
+		for p := range m.Params {
 			slotNames[m.SlotParameterName(slot, p)] = true
 		}
 	}

@@ -331,7 +331,7 @@ func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
 		// The accumulators are every rank's (accumulators.bin), the blocks each rank's own (blocksDir).
-		exclude := append(slices.Clone(m.Reducer().Accumulators()), m.BlockVariables()...)
+		exclude := append(slices.Clone(m.Reducer().Accumulators()), a.layout(m).BlockVariables()...)
 		if err := saveVariables(m.Context(), modelDir, exclude); err != nil {
 			return err
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/internal/blockstate"
 	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
@@ -35,10 +36,6 @@ type LossFn = losses.LossFn
 // bucketScope is the absolute context scope of the gradient accumulators (one flat variable per bucket).
 const bucketScope = "/goaccel/buckets"
 
-// shardScope is the absolute context scope of a sharding strategy's per-rank blocks: the synced gradients'
-// block of each bucket and the parameters' (the optimizer's update runs on these); the optimizer's state
-// for them lives in its own scope ending with this one ("/adam/goaccel/shards").
-const shardScope = "/goaccel/shards"
 
 // Model is a GoMLX model prepared for the job: its backward pass adds each micro-batch's gradients into
 // bucket-flat accumulators and, on sync steps, all-reduces them.
@@ -249,7 +246,7 @@ func (m *Model) Materialize(batch Batch) (err error) {
 func (m *Model) ReplicatedVariables() []*context.Variable {
 	var vars []*context.Variable
 	for v := range m.ctx.IterVariables() {
-		if isBucketVariable(v) || isShardVariable(v) || isRNGVariable(v) || m.isPerRankBuffer(v) {
+		if isBucketVariable(v) || blockstate.IsBlockVariable(v) || isRNGVariable(v) || m.isPerRankBuffer(v) {
 			continue
 		}
 		vars = append(vars, v)
@@ -259,9 +256,6 @@ func (m *Model) ReplicatedVariables() []*context.Variable {
 
 func isBucketVariable(v *context.Variable) bool { return v.Scope() == bucketScope }
 
-// isShardVariable reports whether v is one of this rank's blocks under a strategy that splits buckets, or
-// the optimizer's state for one: per-rank, never broadcast, saved shard by shard.
-func isShardVariable(v *context.Variable) bool { return strings.HasSuffix(v.Scope(), shardScope) }
 
 // exec is the compiled micro-step for withOutputs and emit, made on first use.
 func (m *Model) exec(withOutputs, emit bool) (*context.Exec, error) {
@@ -451,10 +445,10 @@ func (m *Model) planFromGraph(ctx *context.Context, g *Graph) {
 		}
 	}
 	if m.sharding.Stage() > 0 {
-		shardCtx := ctx.InAbsPath(shardScope).Checked(false).WithInitializer(initializers.Zero)
+		shardCtx := ctx.InAbsPath(blockstate.Scope).Checked(false).WithInitializer(initializers.Zero)
 		m.gradShards = make([]*context.Variable, len(plan.Buckets))
 		for b, bucket := range plan.Buckets {
-			m.gradShards[b] = shardCtx.VariableWithShape(fmt.Sprintf("grad_%03d", b),
+			m.gradShards[b] = shardCtx.VariableWithShape(blockstate.GradBlockName(b),
 				shapes.Make(bucket.DType, accumulate.BlockLen(bucket.Size, size))).SetTrainable(false)
 		}
 	}
@@ -749,3 +743,7 @@ func FromTrainModelFn(fn train.ModelFn, spec any) ModelFn {
 	}
 	return func(ctx *context.Context, inputs []*Node) []*Node { return fn(ctx, spec, inputs) }
 }
+
+// Sharding is the strategy the model's gradients and optimizer state are split with (Replicated on one
+// process; nil before the model is built).
+func (m *Model) Sharding() accumulate.Sharding { return m.sharding }

@@ -77,6 +77,13 @@ func OnNonFinite(policy NonFinitePolicy) OptimizerOption {
 	return func(o *Optimizer) { o.nonFinite = policy }
 }
 
+// ElementWise declares that the optimizer updates each parameter element from that element's gradient,
+// value and state alone, as GoMLX's SGD, Adam, AdamW, Adamax and RMSProp do (and an optimizer that
+// normalises by a whole tensor's norm, as LAMB does, does not): what a sharding strategy needs to update
+// parameter blocks instead of parameters. goaccel knows GoMLX's own optimizers; this option vouches for
+// another.
+func ElementWise() OptimizerOption { return func(o *Optimizer) { o.elementWise = true } }
+
 // AfterStep runs fn after every applied optimizer step; an error fails the step. The Accelerator's
 // replica check hooks in here.
 func AfterStep(fn func() error) OptimizerOption {
@@ -90,6 +97,8 @@ type Optimizer struct {
 	withGrads train.OptimizeWithGradients
 	clipNorm  float64
 	nonFinite NonFinitePolicy
+	// elementWise is set when ElementWise vouched for an optimizer goaccel does not know.
+	elementWise bool
 	afterStep []func() error
 	// beforeStep runs before every applied step, once the update is certain (a Scheduler sets the rate).
 	beforeStep []func() error
@@ -128,6 +137,11 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 	if o.clipNorm < 0 || math.IsNaN(o.clipNorm) {
 		return nil, fmt.Errorf("prepare: gradient clipping norm must be positive, got %g", o.clipNorm)
 	}
+	if s := model.rt.sharding(); s.Stage() > 0 && !o.elementWise && !knownElementWise(opt) {
+		return nil, fmt.Errorf("prepare: sharding %q updates each process's block of the parameters, which gives "+
+			"the replicated update only for an optimizer that updates each element on its own; goaccel does not "+
+			"know whether %T does: use replicated sharding, or pass prepare.ElementWise() if it does", s.Name(), opt)
+	}
 	if model.materialized {
 		if err := o.build(); err != nil {
 			return nil, err
@@ -140,6 +154,15 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 		model.onMaterialize = append(model.onMaterialize, o.build)
 	}
 	return o, nil
+}
+
+// knownElementWise reports whether opt is one of GoMLX's optimizers, all of which update element by element.
+func knownElementWise(opt optimizers.Interface) bool {
+	if _, ok := opt.(*optimizers.SGDConfig); ok {
+		return true
+	}
+	// Adam, AdamW, Adamax and RMSProp are one unexported type.
+	return fmt.Sprintf("%T", opt) == fmt.Sprintf("%T", optimizers.Adam().Done())
 }
 
 // build compiles the update step, which creates the optimizer's state variables, and initialises them.

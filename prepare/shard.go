@@ -13,11 +13,12 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/internal/blockstate"
 )
 
 // Under a strategy that splits buckets (ZeRO stages 1 and 2) the optimizer updates this rank's block of
 // every bucket only. Its trainable variables are then the parameter blocks, one flat variable per bucket
-// in shardScope, so GoMLX's optimizer makes its state (Adam's moments…) shaped like the blocks: 1/N of
+// in blockstate.Scope, so GoMLX's optimizer makes its state (Adam's moments…) shaped like the blocks: 1/N of
 // the replicated state. Every optimizer GoMLX ships updates each element from that element's gradient,
 // value and state alone, so updating a block gives the same values as updating the whole parameter there.
 //
@@ -32,11 +33,11 @@ func (o *Optimizer) buildShards() {
 	if m.sharding.Stage() == 0 || o.paramShards != nil {
 		return
 	}
-	shardCtx := m.ctx.InAbsPath(shardScope).Checked(false).WithInitializer(initializers.Zero)
+	shardCtx := m.ctx.InAbsPath(blockstate.Scope).Checked(false).WithInitializer(initializers.Zero)
 	size := m.rt.Comm.Size()
 	o.paramShards = make([]*context.Variable, len(m.plan.Buckets))
 	for b, bucket := range m.plan.Buckets {
-		o.paramShards[b] = shardCtx.VariableWithShape(fmt.Sprintf("param_%03d", b),
+		o.paramShards[b] = shardCtx.VariableWithShape(blockstate.ParamBlockName(b),
 			shapes.Make(bucket.DType, accumulate.BlockLen(bucket.Size, size)))
 	}
 }

@@ -1,4 +1,9 @@
-package prepare
+// Package blockstate lays out and moves the optimizer state a sharding strategy splits into per-process
+// blocks (ZeRO): which variables hold it, this process's blocks as a checkpoint saves them, and the two
+// conversions a checkpoint of one layout needs to load into a run of the other (blocks of any number of
+// processes, or one variable per parameter). A model's blocks are described by a Layout, built from the
+// prepared model's public accessors.
+package blockstate
 
 import (
 	"errors"
@@ -12,6 +17,35 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 )
+
+// Scope is the absolute context scope of a sharding strategy's per-process blocks: the synced gradients'
+// block of each bucket ("grad_NNN") and the parameters' ("param_NNN", the trainable variables the
+// optimizer's update runs on); the optimizer's state for them lives in its own scope ending with this one
+// ("/adam/goaccel/shards").
+const Scope = "/goaccel/shards"
+
+// Layout is what places a model's blocks: its context, bucket plan and parameters (the plan's order), the
+// strategy, and this process's rank among size.
+type Layout struct {
+	Ctx        *context.Context
+	Plan       accumulate.Plan
+	Params     []*context.Variable
+	Sharding   accumulate.Sharding
+	Rank, Size int
+}
+
+// Sharded reports whether the layout splits buckets into blocks.
+func (m Layout) Sharded() bool { return m.Sharding != nil && m.Sharding.Stage() > 0 }
+
+// IsBlockVariable reports whether v is one of a process's blocks, or the optimizer's state for one:
+// per-process, never broadcast, saved block by block.
+func IsBlockVariable(v *context.Variable) bool { return strings.HasSuffix(v.Scope(), Scope) }
+
+// ParamBlockName and GradBlockName name bucket b's parameter and gradient blocks in Scope.
+func ParamBlockName(b int) string { return fmt.Sprintf("param_%03d", b) }
+
+// GradBlockName names bucket b's block of the synced gradients in Scope.
+func GradBlockName(b int) string { return fmt.Sprintf("grad_%03d", b) }
 
 // StateSlot is one kind of per-parameter optimizer state, such as Adam's first moment. GoMLX's optimizers
 // keep it, for a trainable variable named name in scope, in a variable named name+Suffix in scope
@@ -28,7 +62,7 @@ type StateSlot struct {
 
 // StateSlots are the kinds of per-parameter optimizer state this rank holds in blocks (nil unless the
 // model's strategy splits buckets), in a fixed order: by prefix, then suffix.
-func (m *Model) StateSlots() []StateSlot {
+func (m Layout) StateSlots() []StateSlot {
 	var slots []StateSlot
 	for _, v := range m.blockStateVariables(0) {
 		slots = append(slots, v.slot)
@@ -43,18 +77,18 @@ type blockState struct {
 }
 
 // blockStateVariables are the optimizer's state variables for bucket b's parameter block, sorted by slot.
-func (m *Model) blockStateVariables(b int) []blockState {
-	if m.sharding == nil || m.sharding.Stage() == 0 {
+func (m Layout) blockStateVariables(b int) []blockState {
+	if !m.Sharded() {
 		return nil
 	}
-	name := fmt.Sprintf("param_%03d", b)
+	name := ParamBlockName(b)
 	var states []blockState
-	for v := range m.ctx.IterVariables() {
+	for v := range m.Ctx.IterVariables() {
 		scope := v.Scope()
-		if scope == shardScope || !strings.HasSuffix(scope, shardScope) || !strings.HasPrefix(v.Name(), name+"_") {
+		if scope == Scope || !strings.HasSuffix(scope, Scope) || !strings.HasPrefix(v.Name(), name+"_") {
 			continue
 		}
-		states = append(states, blockState{v: v, slot: StateSlot{Prefix: strings.TrimSuffix(scope, shardScope),
+		states = append(states, blockState{v: v, slot: StateSlot{Prefix: strings.TrimSuffix(scope, Scope),
 			Suffix: strings.TrimPrefix(v.Name(), name), DType: v.Shape().DType}})
 	}
 	slices.SortFunc(states, func(a, b blockState) int {
@@ -65,8 +99,8 @@ func (m *Model) blockStateVariables(b int) []blockState {
 
 // SlotParameterName is the name (as GoMLX's checkpoints key it) of the variable a replicated run keeps
 // slot's state of parameter p in.
-func (m *Model) SlotParameterName(slot StateSlot, p int) string {
-	v := m.params[p]
+func (m Layout) SlotParameterName(slot StateSlot, p int) string {
+	v := m.Params[p]
 	return context.VariableParameterNameFromScopeAndName(slot.Prefix+v.Scope(), v.Name()+slot.Suffix)
 }
 
@@ -74,17 +108,17 @@ func (m *Model) SlotParameterName(slot StateSlot, p int) string {
 // (StateSlots' order), for each bucket, the real elements of this rank's block (Sharding.Owned), end to
 // end. Together the ranks' BlockStates hold each slot's state once, which ReadBlockState's source
 // reassembles for any number of processes.
-func (m *Model) BlockState() ([]byte, error) {
+func (m Layout) BlockState() ([]byte, error) {
 	var out []byte
-	size, rank := m.rt.Comm.Size(), m.rt.Comm.Rank()
+	size, rank := m.Size, m.Rank
 	slots := m.StateSlots()
 	for k := range slots {
-		for b, bucket := range m.plan.Buckets {
+		for b, bucket := range m.Plan.Buckets {
 			states := m.blockStateVariables(b)
 			if len(states) != len(slots) || states[k].slot != slots[k] {
 				return nil, fmt.Errorf("prepare: bucket %d's optimizer state is not that of bucket 0", b)
 			}
-			from, to := m.sharding.Owned(bucket.Size, rank, size)
+			from, to := m.Sharding.Owned(bucket.Size, rank, size)
 			t, err := states[k].v.Value()
 			if err != nil {
 				return nil, err
@@ -100,10 +134,10 @@ func (m *Model) BlockState() ([]byte, error) {
 }
 
 // BlockStateLen is the length in bytes of the BlockState of rank among size ranks, for slots.
-func (m *Model) BlockStateLen(slots []StateSlot, rank, size int) int {
+func (m Layout) BlockStateLen(slots []StateSlot, rank, size int) int {
 	n := 0
 	for _, slot := range slots {
-		for _, bucket := range m.plan.Buckets {
+		for _, bucket := range m.Plan.Buckets {
 			from, to := accumulate.ShardOptimizer{}.Owned(bucket.Size, rank, size)
 			n += (to - from) * slot.DType.Size()
 		}
@@ -118,11 +152,11 @@ type SlotReader func(slot StateSlot, b, from, to int, dst []byte) error
 // ReadBlockState reads this rank's blocks of optimizer state from read (a checkpoint's, of any number of
 // processes and either layout), as the values to set: nothing changes here. The padding past a bucket's end
 // is zero.
-func (m *Model) ReadBlockState(read SlotReader) (map[*context.Variable]*tensors.Tensor, error) {
-	size, rank := m.rt.Comm.Size(), m.rt.Comm.Rank()
+func (m Layout) ReadBlockState(read SlotReader) (map[*context.Variable]*tensors.Tensor, error) {
+	size, rank := m.Size, m.Rank
 	values := map[*context.Variable]*tensors.Tensor{}
-	for b, bucket := range m.plan.Buckets {
-		from, to := m.sharding.Owned(bucket.Size, rank, size)
+	for b, bucket := range m.Plan.Buckets {
+		from, to := m.Sharding.Owned(bucket.Size, rank, size)
 		for _, st := range m.blockStateVariables(b) {
 			t := tensors.FromShape(st.v.Shape())
 			var readErr error
@@ -140,10 +174,10 @@ func (m *Model) ReadBlockState(read SlotReader) (map[*context.Variable]*tensors.
 
 // ReadSlotFromParameters is a SlotReader over a replicated run's variables of slot state (values, keyed by
 // SlotParameterName): the flat layout is cut from the parameters the bucket's slots hold.
-func (m *Model) ReadSlotFromParameters(values map[string][]byte) SlotReader {
+func (m Layout) ReadSlotFromParameters(values map[string][]byte) SlotReader {
 	return func(slot StateSlot, b, from, to int, dst []byte) error {
 		elem := slot.DType.Size()
-		for _, s := range m.plan.Buckets[b].Slots {
+		for _, s := range m.Plan.Buckets[b].Slots {
 			lo, hi := max(from, s.Offset), min(to, s.Offset+s.Size)
 			if lo >= hi {
 				continue
@@ -164,12 +198,12 @@ func (m *Model) ReadSlotFromParameters(values map[string][]byte) SlotReader {
 
 // SlotToParameters reassembles slot's state of every parameter, shaped as a replicated run keeps it, from
 // read: the values a replicated run loads, keyed by SlotParameterName.
-func (m *Model) SlotToParameters(slot StateSlot, read SlotReader) (map[string]*tensors.Tensor, error) {
+func (m Layout) SlotToParameters(slot StateSlot, read SlotReader) (map[string]*tensors.Tensor, error) {
 	values := map[string]*tensors.Tensor{}
 	elem := slot.DType.Size()
-	for b, bucket := range m.plan.Buckets {
+	for b, bucket := range m.Plan.Buckets {
 		for _, s := range bucket.Slots {
-			shape := m.plan.Params[s.Param].Shape.Clone()
+			shape := m.Plan.Params[s.Param].Shape.Clone()
 			shape.DType = slot.DType
 			t := tensors.FromShape(shape)
 			var readErr error
@@ -185,31 +219,24 @@ func (m *Model) SlotToParameters(slot StateSlot, read SlotReader) (map[string]*t
 	return values, nil
 }
 
-// BlockVariables are the model's per-rank block variables (parameter and gradient blocks, and the
+// BlockVariables are the model's per-process block variables (parameter and gradient blocks, and the
 // optimizer's state for them): what a checkpoint does not save with the replicated variables.
-func (m *Model) BlockVariables() []*context.Variable {
+func (m Layout) BlockVariables() []*context.Variable {
 	var vars []*context.Variable
-	for v := range m.ctx.IterVariables() {
-		if isShardVariable(v) {
+	for v := range m.Ctx.IterVariables() {
+		if IsBlockVariable(v) {
 			vars = append(vars, v)
 		}
 	}
 	return vars
 }
 
-// Sharding is the strategy the model's gradients and optimizer state are split with (Replicated on one
-// process).
-func (m *Model) Sharding() accumulate.Sharding { return m.sharding }
-
 // OptimizerStateBytes is the size of the per-parameter optimizer state this process holds for the model
 // (Adam's moments: 8 bytes per float32 parameter when replicated, 1/N of that in blocks).
-func (m *Model) OptimizerStateBytes() int64 {
-	if !m.materialized {
-		return 0
-	}
+func (m Layout) OptimizerStateBytes() int64 {
 	var n int64
-	for v := range m.ctx.IterVariables() {
-		if v.Trainable || isBucketVariable(v) || v.Scope() == shardScope {
+	for v := range m.Ctx.IterVariables() {
+		if v.Trainable || v.Scope() == Scope {
 			continue
 		}
 		if m.isSlotVariable(v) {
@@ -221,12 +248,12 @@ func (m *Model) OptimizerStateBytes() int64 {
 
 // isSlotVariable reports whether v is per-parameter optimizer state: named after a trainable variable of
 // its own shape (a parameter, or a parameter block), in a scope that ends with that variable's scope.
-func (m *Model) isSlotVariable(v *context.Variable) bool {
-	owners := m.params
-	if m.sharding != nil && m.sharding.Stage() > 0 {
+func (m Layout) isSlotVariable(v *context.Variable) bool {
+	owners := m.Params
+	if m.Sharded() {
 		owners = nil
-		for u := range m.ctx.IterVariables() {
-			if u.Trainable && u.Scope() == shardScope {
+		for u := range m.Ctx.IterVariables() {
+			if u.Trainable && u.Scope() == Scope {
 				owners = append(owners, u)
 			}
 		}
