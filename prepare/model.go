@@ -36,7 +36,6 @@ type LossFn = losses.LossFn
 // bucketScope is the absolute context scope of the gradient accumulators (one flat variable per bucket).
 const bucketScope = "/goaccel/buckets"
 
-
 // Model is a GoMLX model prepared for the job: its backward pass adds each micro-batch's gradients into
 // bucket-flat accumulators and, on sync steps, all-reduces them.
 type Model struct {
@@ -255,7 +254,6 @@ func (m *Model) ReplicatedVariables() []*context.Variable {
 }
 
 func isBucketVariable(v *context.Variable) bool { return v.Scope() == bucketScope }
-
 
 // exec is the compiled micro-step for withOutputs and emit, made on first use.
 func (m *Model) exec(withOutputs, emit bool) (*context.Exec, error) {

@@ -99,7 +99,7 @@ type Optimizer struct {
 	nonFinite NonFinitePolicy
 	// elementWise is set when ElementWise vouched for an optimizer goaccel does not know.
 	elementWise bool
-	afterStep []func() error
+	afterStep   []func() error
 	// beforeStep runs before every applied step, once the update is certain (a Scheduler sets the rate).
 	beforeStep []func() error
 	scheduler  *Scheduler
