@@ -39,7 +39,8 @@ import (
 // size and sync-each-batch, and is refused elsewhere with an error that says to save at a step boundary.
 //
 // Collective: the main process reads the checkpoint and broadcasts it, so the other processes need no
-// access to the files (nodes without a shared filesystem work). Models are built first if needed, from the
+// access to the files (nodes without a shared filesystem work) — except a run under a sharding strategy,
+// each of whose processes reads its own blocks of the optimizer state from the files (docs/sharding.md). Models are built first if needed, from the
 // first batch of the first prepared data loader.
 //
 // LoadState changes nothing unless it succeeds on every rank: each rank checks the checkpoint against its

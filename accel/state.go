@@ -156,7 +156,10 @@ func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLi
 // creates dir/checkpoint-NNNNNNNN atomically (see package checkpoint) and returns its path.
 //
 // Collective: every rank calls it; only the main process writes, and every rank returns once the
-// checkpoint is durable, or with the main process's error.
+// checkpoint is durable, or with the main process's error. Under a sharding strategy every process also
+// writes its own blocks of the optimizer state, in parallel, into the checkpoint being written, which must
+// then be on a filesystem every process sees (docs/sharding.md); if one of them fails, the save fails on
+// every process and no checkpoint appears.
 func (a *Accelerator) SaveState(dir string) (string, error) {
 	if err := a.checkOpen(); err != nil {
 		return "", err
