@@ -96,6 +96,7 @@ func New(opts ...Option) (*Accelerator, error) {
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
+	a.rt.Sharding = cfg.shardingOrDefault()
 	if cfg.compression != accumulate.NoCompression {
 		if a.rt.CommHook, err = accumulate.NewCompressionHook(cfg.compression); err != nil {
 			err = fmt.Errorf("accel: %w", err)
@@ -305,14 +306,25 @@ type Stats struct {
 	// StepMedian and StepP95 are this rank's optimizer step time, median and 95th percentile: its own
 	// share of a step, less its waits for the other ranks (see RankTiming; RankTimings has every rank's).
 	StepMedian, StepP95 time.Duration
+	// Sharding names the strategy the models' state is split with ("replicated" on one process, whatever
+	// WithSharding asked for), and OptimizerStateBytes is the size of the optimizer state this process
+	// holds: 1/N of the replicated size under a strategy that splits buckets.
+	Sharding            string
+	OptimizerStateBytes int64
 }
 
 // Stats returns the counters so far.
 func (a *Accelerator) Stats() Stats {
-	s := Stats{Collectives: a.comm.Stats()}
+	s := Stats{Collectives: a.comm.Stats(), Sharding: a.rt.Sharding.Name()}
+	if a.WorldSize() == 1 {
+		s.Sharding = accumulate.Replicated{}.Name()
+	}
 	t := a.rankTiming()
 	s.StepMedian, s.StepP95 = t.StepMedian, t.StepP95
 	for _, m := range a.models {
+		if m.Materialized() {
+			s.OptimizerStateBytes += a.layout(m).OptimizerStateBytes()
+		}
 		s.MicroBatches += m.MicroSteps()
 		s.ComputeTime += m.ComputeTime()
 		if r := m.Reducer(); r != nil {

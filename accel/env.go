@@ -37,6 +37,10 @@ var envSettings = []envSetting{
 		format, err := accumulate.ParseCompression(v)
 		return WithGradientCompression(format), err
 	}},
+	{ShardingEnvVar, func(v string) (Option, error) {
+		s, err := accumulate.ParseSharding(v)
+		return WithSharding(s), err
+	}},
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
@@ -144,6 +148,8 @@ type Configuration struct {
 	Seed              uint64
 	// GradientCompression is the format gradient buckets travel in.
 	GradientCompression accumulate.Compression
+	// Sharding is the sharding strategy asked for (on one process the job runs replicated).
+	Sharding accumulate.Sharding
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -160,7 +166,7 @@ func Resolve(opts ...Option) (Configuration, error) {
 	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
-		Seed: cfg.seed, GradientCompression: cfg.compression}, nil
+		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault()}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.

@@ -6,6 +6,7 @@ import (
 	"encoding/gob"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,7 +39,8 @@ import (
 // size and sync-each-batch, and is refused elsewhere with an error that says to save at a step boundary.
 //
 // Collective: the main process reads the checkpoint and broadcasts it, so the other processes need no
-// access to the files (nodes without a shared filesystem work). Models are built first if needed, from the
+// access to the files (nodes without a shared filesystem work) — except a run under a sharding strategy,
+// each of whose processes reads its own blocks of the optimizer state from the files (docs/sharding.md). Models are built first if needed, from the
 // first batch of the first prepared data loader.
 //
 // LoadState changes nothing unless it succeeds on every rank: each rank checks the checkpoint against its
@@ -215,7 +217,7 @@ func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
 		return nil, fmt.Errorf("checkpoint %s: saved %d model(s), this run prepared %d", path, len(state.Models),
 			len(a.models))
 	}
-	for _, sm := range state.Models {
+	for i, sm := range state.Models {
 		if !filepath.IsLocal(sm.Dir) {
 			return nil, fmt.Errorf("checkpoint %s: %s names model directory %q outside the checkpoint", path,
 				stateFile, sm.Dir)
@@ -228,6 +230,16 @@ func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
 		blob, err := os.ReadFile(filepath.Join(modelDir, accumulatorsFile))
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		}
+		// A replicated run takes a sharded checkpoint's optimizer state whole, as it would have saved it. (On
+		// another plan the blocks cannot be placed: the check on every rank refuses the plan.)
+		m := a.models[i]
+		if sm.Sharding != nil && m.Sharding().Stage() == 0 && slices.Equal(sm.Plan, m.Plan().Signature()) {
+			slots, err := replicatedSlotVariables(modelDir, *sm.Sharding, a.layout(m))
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint %s: model %d's blocks of optimizer state: %w", path, i, err)
+			}
+			vars = append(vars, slots...)
 		}
 		p.Models = append(p.Models, modelPayload{Variables: vars, Accumulators: blob})
 	}
@@ -322,10 +334,21 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 	}
 	plan.gradient, plan.accums = cycle.Position, cycle.Reducers
 	for i, m := range a.models {
-		values, savedRNG, err := matchVariables(m, p.Models[i].Variables)
+		saved := p.Models[i].Variables
+		var blocks map[*context.Variable]*tensors.Tensor
+		if m.Sharding().Stage() > 0 {
+			// This run keeps its optimizer state in blocks: read them from the checkpoint's blocks, or cut
+			// them from its replicated variables.
+			var err error
+			if blocks, saved, err = blockValues(a.layout(m), p.Path, s.Models[i], saved); err != nil {
+				return fmt.Errorf("model %d: %w", i, err)
+			}
+		}
+		values, savedRNG, err := matchVariables(m, saved)
 		if err != nil {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
+		maps.Copy(values, blocks)
 		plan.values = append(plan.values, values)
 		rng, err := a.rngStateFor(m, s.Models[i].RNGStates, savedRNG)
 		if err != nil {

@@ -135,6 +135,10 @@ func TrainMetrics(fn MetricsFn) ModelOption { return prepare.TrainMetrics(fn) }
 // AfterStep runs fn after every optimizer step that was applied.
 func AfterStep(fn func() error) OptimizerOption { return prepare.AfterStep(fn) }
 
+// ElementWise vouches that an optimizer goaccel does not know updates each element on its own, which a
+// sharding strategy needs (see prepare.ElementWise).
+func ElementWise() OptimizerOption { return prepare.ElementWise() }
+
 // ClipGradNorm clips the synced gradients to a global norm of maxNorm before every optimizer step.
 func ClipGradNorm(maxNorm float64) OptimizerOption { return prepare.ClipGradNorm(maxNorm) }
 

@@ -31,6 +31,7 @@ type config struct {
 	checkpointLimit   int
 	checkpointDir     string
 	compression       accumulate.Compression
+	sharding          accumulate.Sharding
 	bufferSync        prepare.BufferSync
 	out               io.Writer
 	trackers          []Tracker
@@ -54,6 +55,10 @@ const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
 // GradientCompressionEnvVar sets the format gradients travel in (see WithGradientCompression): bf16, fp16 or
 // none (read with the other variables by OptionsFromEnv).
 const GradientCompressionEnvVar = "GOACCEL_GRADIENT_COMPRESSION"
+
+// ShardingEnvVar sets the sharding strategy (see WithSharding): replicated, optimizer or gradients (read
+// with the other variables by OptionsFromEnv).
+const ShardingEnvVar = "GOACCEL_SHARDING"
 
 func defaultConfig() config {
 	return config{
@@ -84,6 +89,11 @@ func (c config) validate() error {
 	if !c.bufferSync.Valid() {
 		return fmt.Errorf("accel: buffer sync must be accel.BroadcastBuffers, AverageBuffers or NoBufferSync, got %s",
 			c.bufferSync)
+	}
+	if c.sharding != nil {
+		if _, err := accumulate.ParseSharding(c.sharding.Name()); err != nil {
+			return fmt.Errorf("accel: sharding must be accel.Replicated, ShardOptimizer or ShardGradients: %w", err)
+		}
 	}
 	if !c.compression.Valid() {
 		return fmt.Errorf("accel: gradient compression must be accumulate.NoCompression, BF16 or FP16, got %s",
@@ -124,6 +134,29 @@ func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB
 func WithGradientCompression(format accumulate.Compression) Option {
 	return func(c *config) { c.compression = format }
 }
+
+// Sharding strategies (WithSharding).
+var (
+	// Replicated keeps the whole training state on every process: the default, plain data parallelism.
+	Replicated accumulate.Sharding = accumulate.Replicated{}
+	// ShardOptimizer is ZeRO stage 1: each process keeps the optimizer's state for 1/N of the parameters.
+	ShardOptimizer accumulate.Sharding = accumulate.ShardOptimizer{}
+	// ShardGradients is ZeRO stage 2: ShardOptimizer, and the synced gradients are kept for 1/N too.
+	ShardGradients accumulate.Sharding = accumulate.ShardGradients{}
+)
+
+// WithSharding chooses how the training state is split between processes, as DeepSpeed's ZeRO stages 1
+// and 2: Replicated (the default) keeps everything on every process; ShardOptimizer reduce-scatters the
+// gradients so that each process receives the mean of its 1/N block of every bucket, updates that block
+// alone with the optimizer's state for it alone, and all-gathers the updated parameters (the same bytes
+// on the wire as the all-reduce it replaces); ShardGradients also keeps no whole-model gradient
+// accumulator between steps when every micro-batch syncs. Float32 Adam then holds 8Ψ + 8Ψ/N or
+// 4Ψ + 12Ψ/N bytes per process for Ψ parameters, plus one block of the parameters (4Ψ/N), instead of
+// 16Ψ. The weights are the replicated run's up to the order in which the engine sums the ranks' gradients
+// (docs/sharding.md). Checkpoints record the strategy, write each process's blocks in parallel, and load
+// on any number of processes with any strategy. On one process there is nothing to split: it runs
+// replicated. GOACCEL_SHARDING=replicated|optimizer|gradients sets it too; every rank must use the same.
+func WithSharding(s accumulate.Sharding) Option { return func(c *config) { c.sharding = s } }
 
 // BufferSync says how prepared models keep their buffers — the variables the training step changes but
 // does not train, such as batch normalisation's moving mean and variance — identical across processes.
@@ -208,3 +241,11 @@ func WithCollectiveTimeout(d time.Duration) Option { return func(c *config) { c.
 
 // WithOutput sets where Print writes (default os.Stdout).
 func WithOutput(w io.Writer) Option { return func(c *config) { c.out = w } }
+
+// shardingOrDefault is the strategy asked for, Replicated when none was.
+func (c config) shardingOrDefault() accumulate.Sharding {
+	if c.sharding == nil {
+		return accumulate.Replicated{}
+	}
+	return c.sharding
+}

@@ -22,6 +22,7 @@ func (a *Accelerator) settings() []replicas.Setting {
 		{Name: "bucket cap (MB)", Value: fmt.Sprint(a.cfg.bucketCapMB)},
 		{Name: "gradient communication hook (GOACCEL_GRADIENT_COMPRESSION or accel.WithGradientCompression)",
 			Value: a.commHookName()},
+		{Name: "sharding strategy (GOACCEL_SHARDING or accel.WithSharding)", Value: a.cfg.shardingOrDefault().Name()},
 		{Name: "replica check", Value: fmt.Sprint(a.cfg.checkReplicas)},
 		{Name: "debug mode (collective call checks)", Value: fmt.Sprint(a.comm.CallChecks())},
 		{Name: "the number of prepared models", Value: fmt.Sprint(len(a.models))},

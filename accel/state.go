@@ -66,6 +66,9 @@ type savedModel struct {
 	// rank; absent for a model that draws no random numbers and in checkpoints of earlier versions, whose
 	// variables hold only rank 0's (see prepare.RankRNGState for what each rank of a resumed run takes).
 	RNGStates [][]uint64 `json:"rng_states,omitempty"`
+	// Sharding says how the model's optimizer state was split into per-process blocks (absent when it was
+	// replicated: the variables hold it).
+	Sharding *savedSharding `json:"sharding,omitempty"`
 }
 
 type savedOptimizer struct {
@@ -153,7 +156,10 @@ func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLi
 // creates dir/checkpoint-NNNNNNNN atomically (see package checkpoint) and returns its path.
 //
 // Collective: every rank calls it; only the main process writes, and every rank returns once the
-// checkpoint is durable, or with the main process's error.
+// checkpoint is durable, or with the main process's error. Under a sharding strategy every process also
+// writes its own blocks of the optimizer state, in parallel, into the checkpoint being written, which must
+// then be on a filesystem every process sees (docs/sharding.md); if one of them fails, the save fails on
+// every process and no checkpoint appears.
 func (a *Accelerator) SaveState(dir string) (string, error) {
 	if err := a.checkOpen(); err != nil {
 		return "", err
@@ -181,12 +187,31 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 	if err := a.holdCheckpointDir(dir); err != nil {
 		return "", err
 	}
+	blocks, sharded, err := a.blockStates()
+	if err != nil {
+		return "", err
+	}
 	var path string
 	var saveErr error
 	if a.IsMainProcess() {
+		shared := false
 		path, saveErr = checkpoint.Write(dir, a.cfg.checkpointLimit, func(tmp string) error {
-			return a.writeState(tmp, state, accumulators, user)
+			if !sharded {
+				return a.writeState(tmp, state, accumulators, user)
+			}
+			// Every process writes its blocks into tmp while this one writes the rest; tmp becomes the
+			// checkpoint only if all of them succeed.
+			shared = true
+			return a.shareCheckpointDir(tmp, state, blocks, func() error {
+				return a.writeState(tmp, state, accumulators, user)
+			})
 		})
+		if sharded && !shared {
+			// The save failed before there was a directory: the other processes still wait to hear of one.
+			_ = a.shareCheckpointDir("", state, blocks, nil)
+		}
+	} else if sharded {
+		_ = a.shareCheckpointDir("", state, blocks, nil) // the main process's status below says how it went
 	}
 	// The broadcast doubles as the barrier: no rank returns before the checkpoint is durable.
 	status, err := broadcastBytes(a.comm, []byte(errorText(saveErr)+"\x00"+path))
@@ -223,7 +248,7 @@ func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, err
 		}
 		reducers = append(reducers, rs)
 		s.Models = append(s.Models, savedModel{Dir: fmt.Sprintf("model-%d", i), Plan: m.Plan().Signature(),
-			SavedAccumulators: rs.SavedAccumulators})
+			SavedAccumulators: rs.SavedAccumulators, Sharding: a.savedShardingOf(m)})
 	}
 	for _, o := range a.optimizers {
 		idx := -1
@@ -308,7 +333,9 @@ func (a *Accelerator) checkpointedLoaders() []*prepare.DataLoader {
 func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte, user userstate.Saved) error {
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
-		if err := saveVariables(m.Context(), modelDir, m.Reducer().Accumulators()); err != nil {
+		// The accumulators are every rank's (accumulators.bin), the blocks each rank's own (blocksDir).
+		exclude := append(slices.Clone(m.Reducer().Accumulators()), a.layout(m).BlockVariables()...)
+		if err := saveVariables(m.Context(), modelDir, exclude); err != nil {
 			return err
 		}
 		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {

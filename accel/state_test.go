@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/checkpoint"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/internal/testing/mpitest"
@@ -115,18 +116,24 @@ func loadChangesNothingOnRefusal(t testing.TB, acc *accel.Accelerator, r resumab
 }
 
 // TestResumeIsBitwiseExact: training E epochs straight through and training, checkpointing mid-epoch and
-// mid-accumulation-cycle, then resuming in a fresh accelerator, end with bitwise-identical weights.
+// mid-accumulation-cycle, then resuming in a fresh accelerator, end with bitwise-identical weights: replicated,
+// and under either sharding strategy (Adam's moments in the processes' blocks, and under ShardGradients
+// the accumulators made for the cycle).
 func TestResumeIsBitwiseExact(t *testing.T) {
 	const k, b, epochs = 3, 2, 2
-	for _, ranks := range []int{1, 2} {
-		t.Run(fmt.Sprintf("ranks=%d", ranks), func(t *testing.T) {
+	for _, tc := range []struct {
+		ranks    int
+		sharding accumulate.Sharding
+	}{{1, accel.Replicated}, {2, accel.Replicated}, {2, accel.ShardOptimizer}, {2, accel.ShardGradients}} {
+		ranks := tc.ranks
+		t.Run(fmt.Sprintf("ranks=%d/%s", ranks, tc.sharding.Name()), func(t *testing.T) {
 			n := ranks * b * 11 // 11 micro-batches per epoch: not a multiple of K
 			stopAfter := 11 + 5 // epoch 1, micro-batch 5: one into a cycle
 			require.NotZero(t, stopAfter%k)
 			dir := t.TempDir()
 			straight := make([][32]byte, ranks)
 			resumed := make([][32]byte, ranks)
-			opts := []accel.Option{accel.WithGradientAccumulationSteps(k), accel.WithSeed(7)}
+			opts := []accel.Option{accel.WithGradientAccumulationSteps(k), accel.WithSeed(7), accel.WithSharding(tc.sharding)}
 
 			runRanks(t, ranks, opts, func(rank int, acc *accel.Accelerator) error {
 				r := prepareResumable(t, acc, n, b, 1)

@@ -99,6 +99,9 @@ func checkStateRanges(s savedState) error {
 			return fmt.Errorf("model %d has the random number generator states of %d ranks, saved by %d processes",
 				i, len(m.RNGStates), s.WorldSize)
 		}
+		if err := checkSavedSharding(m.Sharding); err != nil {
+			return fmt.Errorf("model %d: %w", i, err)
+		}
 		for r, state := range m.RNGStates {
 			if err := prepare.CheckRNGState(state); err != nil {
 				return fmt.Errorf("model %d, rank %d: %w", i, r, err)

@@ -131,23 +131,30 @@ func (c *codec[T]) start(comm *backends.Communicator, sharding Sharding, b GradB
 		return nil, fmt.Errorf("accumulate: bucket %d holds %s: only float32 and float64 buckets can be compressed",
 			b.Index, b.Buffer.Kind)
 	}
-	reduce, err := sharding.StartReduce(comm, backends.BufferOf(*wire))
+	// The sum comes back into the wire itself when the strategy reduces in place, else into a block of its
+	// own, as 16-bit values either way; Wait decodes it into the bucket's shard.
+	recvWire := wire
+	if b.Shard.Len != b.Buffer.Len {
+		recvWire = c.wire(b.Shard.Len)
+	}
+	reduce, err := sharding.StartReduce(comm, backends.BufferOf(*wire), backends.BufferOf(*recvWire))
 	if err != nil {
 		c.wires.Put(wire)
+		if recvWire != wire {
+			c.wires.Put(recvWire)
+		}
 		return nil, err
 	}
-	from, to := sharding.Owned(b.Buffer.Len, comm.Rank(), comm.Size())
-	return &decoding[T]{codec: c, reduce: reduce, wire: wire, bucket: b.Buffer.Slice(from, to), from: from}, nil
+	return &decoding[T]{codec: c, reduce: reduce, wire: wire, recvWire: recvWire, shard: b.Shard}, nil
 }
 
 // decoding is a compressed bucket in flight: its Wait waits for the reduction, then writes the owned part of
 // the sum back into the bucket.
 type decoding[T bfloat16.BFloat16 | float16.Float16] struct {
-	codec  *codec[T]
-	reduce Waiter
-	wire   *[]T
-	bucket backends.Buffer // the owned part of the bucket
-	from   int             // where it starts in the wire
+	codec          *codec[T]
+	reduce         Waiter
+	wire, recvWire *[]T            // what was sent, and where the sum arrives (the same when in place)
+	shard          backends.Buffer // where the decoded sum goes
 
 	once sync.Once
 	err  error
@@ -159,14 +166,17 @@ func (d *decoding[T]) Wait() error {
 			// The engine may still hold the wire buffer: it is not reused.
 			return
 		}
-		sum := (*d.wire)[d.from : d.from+d.bucket.Len]
-		switch d.bucket.Kind {
+		sum := (*d.recvWire)[:d.shard.Len]
+		switch d.shard.Kind {
 		case backends.Float32:
-			d.codec.decode32(backends.View[float32](d.bucket), sum)
+			d.codec.decode32(backends.View[float32](d.shard), sum)
 		case backends.Float64:
-			d.codec.decode64(backends.View[float64](d.bucket), sum)
+			d.codec.decode64(backends.View[float64](d.shard), sum)
 		}
 		d.codec.wires.Put(d.wire)
+		if d.recvWire != d.wire {
+			d.codec.wires.Put(d.recvWire)
+		}
 	})
 	return d.err
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -168,15 +169,10 @@ func asFloat64s(t *tensors.Tensor) []float64 {
 	return out
 }
 
-// firstHalf owns the first half of every bucket (on every rank), as a sharded strategy owns a shard: the
-// hook must write back only that part.
-type firstHalf struct{ accumulate.Replicated }
-
-func (firstHalf) Owned(n, _, _ int) (from, to int) { return 0, n / 2 }
-
 // TestCompressionHookEdges: a NaN on one rank reaches every rank (a non-finite loss stops the step
 // everywhere), fp16 overflows to Inf, only the part of the bucket the sharding strategy says this rank
-// owns is decoded, and a bucket of integers is refused before any collective.
+// holds is decoded (into its block, under a strategy that splits buckets), and a bucket of integers is
+// refused before any collective.
 func TestCompressionHookEdges(t *testing.T) {
 	plan, err := accumulate.NewPlan([]accumulate.Param{param("w", dtypes.Float32, 4)}, 0, 1<<20)
 	require.NoError(t, err)
@@ -210,8 +206,27 @@ func TestCompressionHookEdges(t *testing.T) {
 	got = run(accumulate.FP16, accumulate.Replicated{}, [2][]float32{{60000, 70000, 1, 0}, {10000, 0, 1, 0}})
 	assert.Equal(t, []float32{float32(math.Inf(1)), float32(math.Inf(1)), 2, 0}, got[0],
 		"fp16 overflows: a sum past 65504, or a value past it on one rank")
-	got = run(accumulate.BF16, firstHalf{}, [2][]float32{{1, 2, 3.001, 4}, {1, 2, 3, 4}})
-	assert.Equal(t, []float32{2, 4, 3.001, 4}, got[0], "only the owned half is written back")
+	// Under ShardOptimizer rank r receives the bf16 sum of its block of 2 (3.001 travels as 3), and the
+	// bucket it sent is left as it was.
+	comms, err := backends.NewInProcessGroup(2)
+	require.NoError(t, err)
+	sent := [2][]float32{{1, 2, 3.001, 4}, {1, 2, 3, 4}}
+	var blocks [2][]float32
+	var wg sync.WaitGroup
+	for r := range 2 {
+		hook, err := accumulate.NewCompressionHook(accumulate.BF16)
+		require.NoError(t, err)
+		reducer := accumulate.NewReducer(comms[r], plan, accumulate.WithCommHook(hook),
+			accumulate.WithSharding(accumulate.ShardOptimizer{}))
+		bucket, block := tensors.FromValue(sent[r]), tensors.FromShape(shapes.Make(dtypes.Float32, 2))
+		wg.Go(func() {
+			assert.NoError(t, reducer.SyncInto([]*tensors.Tensor{bucket}, []*tensors.Tensor{block}))
+			blocks[r] = tensors.MustCopyFlatData[float32](block)
+			assert.Equal(t, sent[r], tensors.MustCopyFlatData[float32](bucket))
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, [2][]float32{{2, 4}, {6, 8}}, blocks)
 
 	hook, err := accumulate.NewCompressionHook(accumulate.BF16)
 	require.NoError(t, err)

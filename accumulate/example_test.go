@@ -306,3 +306,37 @@ type loop struct {
 
 func (l loop) Len() int       { return l.batches }
 func (l loop) String() string { return l.name }
+
+// The ZeRO strategies split each bucket into one block per rank: a bucket of 10 elements on 4 ranks is
+// padded to 12, blocks of 3, and the last rank's block holds one real element.
+func ExampleShardOptimizer() {
+	s := accumulate.ShardOptimizer{}
+	fmt.Println(s.Name(), "stage", s.Stage(), "padded to", s.Padded(10, 4), "blocks of", accumulate.BlockLen(10, 4))
+	for rank := range 4 {
+		from, to := s.Owned(10, rank, 4)
+		fmt.Printf("rank %d owns [%d:%d]\n", rank, from, to)
+	}
+	// Output:
+	// optimizer stage 1 padded to 12 blocks of 3
+	// rank 0 owns [0:3]
+	// rank 1 owns [3:6]
+	// rank 2 owns [6:9]
+	// rank 3 owns [9:10]
+}
+
+// GOACCEL_SHARDING's values, and their ZeRO stages.
+func ExampleParseSharding() {
+	for _, name := range []string{"replicated", "optimizer", "zero2", "fsdp"} {
+		s, err := accumulate.ParseSharding(name)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(s.Name(), s.Stage())
+	}
+	// Output:
+	// replicated 0
+	// optimizer 1
+	// gradients 2
+	// accumulate: unknown sharding strategy "fsdp" (want replicated, optimizer or gradients)
+}

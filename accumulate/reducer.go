@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"unsafe"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/gomlx/gomlx/pkg/ml/context"
@@ -35,6 +36,14 @@ type Reducer struct {
 
 	state        *GradientState
 	accumulators []*context.Variable
+	// shards receive this rank's block of each synced bucket under a strategy that splits buckets (nil
+	// under Replicated, whose accumulators hold the synced sums in place).
+	shards []*context.Variable
+	// emitted are the gradients of a micro-batch that syncs straight from the backward pass, without an
+	// accumulator (ShardGradients): what that sync sends, set by EmitGradients.
+	emitted []*tensors.Tensor
+	// makeAccumulators makes the accumulators when a restore needs them before any micro-batch did.
+	makeAccumulators func() ([]*context.Variable, error)
 
 	syncs int64
 	// synced is set when the accumulators hold all-reduced gradients not yet applied; scale is the factor
@@ -62,9 +71,17 @@ func WithGradientState(state *GradientState) ReducerOption {
 	return func(r *Reducer) { r.state = state }
 }
 
-// WithAccumulators gives the reducer the model's bucket accumulators, one flat variable per plan bucket.
+// WithAccumulators gives the reducer the model's bucket accumulators, one flat variable per plan bucket,
+// each laid out Sharding.Padded long. Under ShardGradients they may be given later (SetAccumulators), when
+// a micro-batch first accumulates without syncing.
 func WithAccumulators(vars []*context.Variable) ReducerOption {
 	return func(r *Reducer) { r.accumulators = vars }
+}
+
+// WithShards gives the reducer, under a strategy that splits buckets, the variables that receive this
+// rank's block of each synced bucket (BlockLen elements each), which the optimizer's update reads.
+func WithShards(vars []*context.Variable) ReducerOption {
+	return func(r *Reducer) { r.shards = vars }
 }
 
 // NewReducer returns a reducer for plan over comm.
@@ -88,9 +105,66 @@ func (r *Reducer) CommHook() CommHook { return r.hook }
 // Sharding is the sharding strategy.
 func (r *Reducer) Sharding() Sharding { return r.sharding }
 
-// Accumulators are the bucket accumulators (nil without WithAccumulators). They are per-rank: a checkpoint
-// taken mid-cycle must keep every rank's.
+// Accumulators are the bucket accumulators (nil without WithAccumulators, and under ShardGradients until a
+// micro-batch accumulated). They are per-rank: a checkpoint taken mid-cycle must keep every rank's.
 func (r *Reducer) Accumulators() []*context.Variable { return r.accumulators }
+
+// SetAccumulators gives the reducer the accumulators it was made without (ShardGradients makes them when a
+// micro-batch first accumulates without syncing).
+func (r *Reducer) SetAccumulators(vars []*context.Variable) error {
+	if len(vars) != len(r.plan.Buckets) {
+		return fmt.Errorf("accumulate: %d accumulators for a plan of %d buckets", len(vars), len(r.plan.Buckets))
+	}
+	r.accumulators = vars
+	return nil
+}
+
+// WithAccumulatorMaker gives a reducer made without accumulators (ShardGradients) the function that makes
+// them, for a checkpoint restored in the middle of an accumulation cycle.
+func WithAccumulatorMaker(make func() ([]*context.Variable, error)) ReducerOption {
+	return func(r *Reducer) { r.makeAccumulators = make }
+}
+
+// Shards are the variables that receive this rank's block of each synced bucket (nil under Replicated).
+func (r *Reducer) Shards() []*context.Variable { return r.shards }
+
+// Sharded reports whether the strategy splits buckets between ranks: the synced gradients are then in
+// Shards, not in the accumulators.
+func (r *Reducer) Sharded() bool { return r.sharding.Stage() > 0 }
+
+// EmitGradients hands the reducer the gradients of the micro-batch about to end (EndMicroBatch), one flat
+// tensor per bucket laid out Sharding.Padded long, when that micro-batch syncs and nothing was accumulated
+// since the last step: the sync sends them instead of the accumulators (ShardGradients).
+func (r *Reducer) EmitGradients(grads []*tensors.Tensor) error {
+	if len(grads) != len(r.plan.Buckets) {
+		return fmt.Errorf("accumulate: %d gradient tensors for a plan of %d buckets", len(grads), len(r.plan.Buckets))
+	}
+	if r.dirty {
+		return errors.New("accumulate: gradients emitted after micro-batches accumulated: add them to the accumulators")
+	}
+	r.emitted = grads
+	return nil
+}
+
+// ZeroAccumulators zeroes the accumulators in place (where the engines sum them), for an update that did not
+// zero them in its graph (a strategy that splits buckets).
+func (r *Reducer) ZeroAccumulators() error {
+	for _, v := range r.accumulators {
+		t, err := v.Value()
+		if err != nil {
+			return err
+		}
+		buf, err := hostBuffer(t)
+		if err != nil {
+			return fmt.Errorf("accumulate: clearing accumulator %q: %w", v.ScopeAndName(), err)
+		}
+		clear(unsafe.Slice((*byte)(buf.Ptr), buf.Bytes))
+	}
+	return nil
+}
+
+// Dirty reports whether the accumulators may hold gradients of micro-batches since the last step.
+func (r *Reducer) Dirty() bool { return r.dirty }
 
 // Synced reports whether the accumulators hold synchronised gradients that were not applied yet.
 func (r *Reducer) Synced() bool { return r.synced }
@@ -105,8 +179,12 @@ func (r *Reducer) ReadyToApply() bool { return r.state != nil && r.state.SyncGra
 var errNotForModel = errors.New("accumulate: the reducer was made without a gradient state and accumulators")
 
 func (r *Reducer) forModel() error {
-	if r.state == nil || len(r.accumulators) != len(r.plan.Buckets) {
+	if r.state == nil || (len(r.accumulators) != len(r.plan.Buckets) && r.sharding.Stage() < 2) {
 		return errNotForModel
+	}
+	if r.Sharded() && len(r.shards) != len(r.plan.Buckets) {
+		return fmt.Errorf("accumulate: the %s strategy needs a shard per bucket, got %d for %d buckets",
+			r.sharding.Name(), len(r.shards), len(r.plan.Buckets))
 	}
 	return nil
 }
@@ -131,7 +209,8 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 	if err := r.forModel(); err != nil {
 		return err
 	}
-	r.dirty = true
+	// Emitted gradients went nowhere but to this sync: the accumulators stay clean.
+	r.dirty = r.dirty || r.emitted == nil
 	r.state.recordMicroBatch(scale)
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		r.nonFinite = true
@@ -164,6 +243,7 @@ func (r *Reducer) Clear() error {
 	if err := r.forModel(); err != nil {
 		return err
 	}
+	r.emitted = nil
 	if r.dirty || r.synced {
 		for _, v := range r.accumulators {
 			if err := v.SetValue(tensors.FromShape(v.Shape())); err != nil {
@@ -200,9 +280,22 @@ func (r *Reducer) NonFiniteRanks() ([]int, error) {
 	return ranks, nil
 }
 
-// Finite scans the accumulators on the host and reports whether every value is finite.
+// Finite scans the synced gradients on the host and reports whether every value is finite. Under a strategy
+// that splits buckets each rank holds only its block, so the ranks also agree on the answer (a collective
+// then: every rank calls it at the same point).
 func (r *Reducer) Finite() (bool, error) {
-	for _, v := range r.accumulators {
+	if !r.Sharded() {
+		return allVariablesFinite(r.accumulators)
+	}
+	sumSquares, err := r.SyncedSumSquares()
+	if err != nil {
+		return false, err
+	}
+	return !math.IsNaN(sumSquares) && !math.IsInf(sumSquares, 0), nil
+}
+
+func allVariablesFinite(vars []*context.Variable) (bool, error) {
+	for _, v := range vars {
 		t, err := v.Value()
 		if err != nil {
 			return false, err
@@ -229,35 +322,52 @@ func allFinite[F floats.Float](x []F) bool {
 
 // bucketTensors are the accumulators' current values.
 func (r *Reducer) bucketTensors() ([]*tensors.Tensor, error) {
-	buckets := make([]*tensors.Tensor, len(r.accumulators))
-	for b, v := range r.accumulators {
-		t, err := v.Value()
-		if err != nil {
-			return nil, fmt.Errorf("accumulate: accumulator %d: %w", b, err)
-		}
-		buckets[b] = t
-	}
-	return buckets, nil
+	return variableValues(r.accumulators)
 }
 
-// reduce sums the accumulators across ranks, in place.
-func (r *Reducer) reduce() error {
-	buckets, err := r.bucketTensors()
-	if err != nil {
-		return err
+func variableValues(vars []*context.Variable) ([]*tensors.Tensor, error) {
+	values := make([]*tensors.Tensor, len(vars))
+	for b, v := range vars {
+		t, err := v.Value()
+		if err != nil {
+			return nil, fmt.Errorf("accumulate: %q: %w", v.ScopeAndName(), err)
+		}
+		values[b] = t
+	}
+	return values, nil
+}
+
+// reduce sums what this micro-batch syncs across ranks — the accumulators, or the gradients it emitted —
+// into the accumulators in place, or into the shards under a strategy that splits buckets unless whole
+// says to all-reduce the accumulators anyway (a sync-each-batch micro-batch that does not step).
+func (r *Reducer) reduce(whole bool) error {
+	send := r.emitted
+	r.emitted = nil
+	if send == nil {
+		var err error
+		if send, err = r.bucketTensors(); err != nil {
+			return err
+		}
 	}
 	if r.nonFinite {
 		// A NaN loss on one rank must stop the step on every rank: poisoning the sum makes every rank see a
 		// non-finite synced gradient, the same decision everywhere without another collective.
-		poisonFirstElement(buckets[0])
+		poisonFirstElement(send[0])
 		r.nonFinite, r.poisoned = false, true
 	}
-	return r.Sync(buckets)
+	if !r.Sharded() || whole {
+		return r.syncWith(Replicated{}, send, send)
+	}
+	recv, err := variableValues(r.shards)
+	if err != nil {
+		return err
+	}
+	return r.SyncInto(send, recv)
 }
 
 // sync reduces the accumulators and records the factor that turns their sum into the mean.
 func (r *Reducer) sync() error {
-	if err := r.reduce(); err != nil {
+	if err := r.reduce(false); err != nil {
 		return err
 	}
 	r.synced = true
@@ -272,7 +382,7 @@ func (r *Reducer) sync() error {
 // the new micro-batch's gradients. The scale is applied on the host: the accumulators are there already
 // after the all-reduce, and a power-of-two world size divides exactly.
 func (r *Reducer) reduceMicroBatch() error {
-	if err := r.reduce(); err != nil {
+	if err := r.reduce(true); err != nil {
 		return err
 	}
 	size := r.comm.Size()
@@ -299,11 +409,36 @@ func (r *Reducer) reduceMicroBatch() error {
 //
 // At world size 1 the sum is the identity and no engine call is made, but the sync is still counted: one
 // sync per optimizer step is an invariant users check.
+//
+// Under a strategy that splits buckets Sync is SyncInto with the strategy's shards.
 func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
-	if len(buckets) != len(r.plan.Buckets) {
-		return fmt.Errorf("accumulate: %d bucket tensors for a plan of %d buckets", len(buckets), len(r.plan.Buckets))
+	if !r.Sharded() {
+		return r.syncWith(r.sharding, buckets, buckets)
 	}
-	if r.comm.Size() > 1 {
+	if len(r.shards) != len(r.plan.Buckets) {
+		return fmt.Errorf("accumulate: the %s strategy syncs into shards, and the reducer has none", r.sharding.Name())
+	}
+	recv, err := variableValues(r.shards)
+	if err != nil {
+		return err
+	}
+	return r.SyncInto(buckets, recv)
+}
+
+// SyncInto sums the buckets across ranks into recv under a strategy that splits buckets: recv[i] receives
+// this rank's block of bucket i (BlockLen elements; buckets[i] is laid out Sharding.Padded long). At world
+// size 1 the block is the bucket, copied.
+func (r *Reducer) SyncInto(buckets, recv []*tensors.Tensor) error {
+	return r.syncWith(r.sharding, buckets, recv)
+}
+
+func (r *Reducer) syncWith(sharding Sharding, buckets, recv []*tensors.Tensor) error {
+	if len(buckets) != len(r.plan.Buckets) || len(recv) != len(buckets) {
+		return fmt.Errorf("accumulate: %d bucket tensors (%d to receive into) for a plan of %d buckets",
+			len(buckets), len(recv), len(r.plan.Buckets))
+	}
+	inPlace := sharding.Stage() == 0
+	if r.comm.Size() > 1 || !inPlace {
 		pending := make([]Waiter, 0, len(buckets))
 		waitAll := func() error {
 			var firstErr error
@@ -314,16 +449,37 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 			}
 			return firstErr
 		}
+		size := r.comm.Size()
 		for i, t := range buckets {
+			layout := r.plan.Buckets[i]
 			buf, err := hostBuffer(t)
 			if err != nil {
 				_ = waitAll()
 				return fmt.Errorf("accumulate: bucket %d: %w", i, err)
 			}
-			p, err := r.hook.Start(r.comm, r.sharding, GradBucket{Index: i, Layout: r.plan.Buckets[i], Buffer: buf})
+			shard := buf
+			if !inPlace {
+				if shard, err = hostBuffer(recv[i]); err != nil {
+					_ = waitAll()
+					return fmt.Errorf("accumulate: shard of bucket %d: %w", i, err)
+				}
+				padded := sharding.Padded(layout.Size, size)
+				if buf.Len != padded || shard.Len != padded/size {
+					_ = waitAll()
+					return fmt.Errorf("accumulate: bucket %d of %d elements is sent as %d and received as %d; the "+
+						"%s strategy lays it out as %d, %d per rank", i, layout.Size, buf.Len, shard.Len,
+						sharding.Name(), padded, padded/size)
+				}
+				if size == 1 {
+					copyBuffer(shard, buf)
+					continue
+				}
+			}
+			p, err := r.hook.Start(r.comm, sharding, GradBucket{Index: i, Layout: layout, Buffer: buf, Shard: shard})
 			if err != nil {
 				_ = waitAll()
-				return fmt.Errorf("accumulate: all-reduce of bucket %d (%d bytes): %w", i, r.plan.Buckets[i].Bytes(), err)
+				return fmt.Errorf("accumulate: %s of bucket %d (%d bytes): %w", reductionName(sharding), i,
+					layout.Bytes(), err)
 			}
 			pending = append(pending, p)
 		}
@@ -332,10 +488,28 @@ func (r *Reducer) Sync(buckets []*tensors.Tensor) error {
 		}
 		// The engines wrote into the tensors' memory; keep the tensors alive until here.
 		runtime.KeepAlive(buckets)
+		runtime.KeepAlive(recv)
 	}
 	r.syncs++
 	return nil
 }
+
+func reductionName(s Sharding) string {
+	if s.Stage() == 0 {
+		return "all-reduce"
+	}
+	return "reduce-scatter"
+}
+
+// copyBuffer copies src's first dst.Len elements into dst (same kind).
+func copyBuffer(dst, src backends.Buffer) {
+	copy(unsafe.Slice((*byte)(dst.Ptr), dst.Bytes), unsafe.Slice((*byte)(src.Ptr), src.Bytes))
+}
+
+// HostBuffer is a tensor's flat storage on the host, classified for the engines: where a collective reads
+// and writes it in place (see hostFlat). The buffer stays valid while t is neither finalized nor written
+// by anyone else.
+func HostBuffer(t *tensors.Tensor) (backends.Buffer, error) { return hostBuffer(t) }
 
 // hostBuffer is hostFlat classified for the engines.
 func hostBuffer(t *tensors.Tensor) (backends.Buffer, error) {
@@ -417,14 +591,26 @@ func (r *Reducer) State() (ReducerState, error) {
 		return ReducerState{}, ErrSyncedNotApplied
 	}
 	s := ReducerState{SavedAccumulators: SavedAccumulators{Accumulating: r.state.MicroBatchesSinceSync() > 0}}
-	for _, v := range r.accumulators {
+	sizes := r.AccumulatorBytes()
+	if r.accumulators == nil {
+		// Never made (ShardGradients with no micro-batch accumulated yet): zeros, as they would hold.
+		for _, n := range sizes {
+			s.Accumulators = append(s.Accumulators, make([]byte, n))
+		}
+		return s, nil
+	}
+	for b, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
 			return s, fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
 		}
+		// The bucket's own elements, without the padding a strategy that splits buckets lays it out with.
 		var data []byte
-		if err := t.ConstBytes(func(b []byte) { data = append([]byte(nil), b...) }); err != nil {
+		if err := t.ConstBytes(func(b []byte) { data = append([]byte(nil), b[:min(len(b), sizes[len(s.Accumulators)])]...) }); err != nil {
 			return s, fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
+		}
+		if len(data) != sizes[b] {
+			return s, fmt.Errorf("accumulator %q has %d bytes, bucket %d needs %d", v.ScopeAndName(), len(data), b, sizes[b])
 		}
 		s.Accumulators = append(s.Accumulators, data)
 	}
@@ -461,6 +647,18 @@ func (r *Reducer) CheckRestore(s ReducerState) error {
 func (r *Reducer) Restore(s ReducerState) error {
 	if err := r.CheckRestore(s); err != nil {
 		return err
+	}
+	if r.accumulators == nil && s.Accumulating {
+		if r.makeAccumulators == nil {
+			return errors.New("accumulate: restoring a partial cycle needs accumulators, and the reducer has none")
+		}
+		vars, err := r.makeAccumulators()
+		if err != nil {
+			return err
+		}
+		if err := r.SetAccumulators(vars); err != nil {
+			return err
+		}
 	}
 	for b, v := range r.accumulators {
 		value, err := v.Value()

@@ -9,7 +9,6 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/internal/floats"
-	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // Gradients returns the model's gradient for every parameter, keyed by the variable's scope and name (as
@@ -21,6 +20,14 @@ import (
 func (m *Model) Gradients() (map[string]*tensors.Tensor, error) {
 	if !m.materialized {
 		return nil, errors.New("prepare: gradients before the model was built: run Backward first")
+	}
+	if m.reducer.Sharded() && m.reducer.Synced() {
+		return nil, fmt.Errorf("prepare: the synced gradients are split between the processes (sharding %q): "+
+			"each holds its block only; read them with replicated sharding, or before the sync", m.sharding.Name())
+	}
+	if m.buckets == nil {
+		return nil, errors.New("prepare: no gradients accumulated since the last step (sharding \"gradients\" " +
+			"sends a micro-batch's gradients straight to the sync)")
 	}
 	factor := 1.0
 	if m.reducer.Synced() {
@@ -58,10 +65,10 @@ func (m *Model) ClipGradNorm(maxNorm float64) (norm float64, err error) {
 	if !m.reducer.Synced() {
 		return 0, nil
 	}
-	var sumSquares float64
-	err = m.eachBucket(discard(addSquares[float32](&sumSquares)), discard(addSquares[float64](&sumSquares)))
+	// Under a strategy that splits buckets each rank holds a block of the sums: the ranks add their parts.
+	sumSquares, err := m.reducer.SyncedSumSquares()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("prepare: %w", err)
 	}
 	norm = math.Sqrt(sumSquares) * m.reducer.Scale()
 	if factor := maxNorm / (norm + 1e-6); factor < 1 {
@@ -105,19 +112,6 @@ func gradientPart[F floats.Float](grads map[string]*tensors.Tensor, param accumu
 			part[i] = F(float64(f[slot.Offset+i]) * factor)
 		}
 		grads[param.Name] = tensors.FromFlatDataAndDimensions(part, param.Shape.Dimensions...)
-		return true
-	}
-}
-
-func addSquares[F floats.Float](sum *float64) func([]F) bool {
-	return func(f []F) bool {
-		if f32, ok := any(f).([]float32); ok {
-			*sum += vec32.SumSquares(f32) // widened to float64 per element, on AVX2 where it runs
-			return true
-		}
-		for _, x := range f {
-			*sum += float64(x) * float64(x)
-		}
 		return true
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/internal/blockstate"
 	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
@@ -58,15 +59,20 @@ type Model struct {
 
 	params  []*context.Variable // trainable variables used by the model, registration order (= Plan.Params)
 	plan    accumulate.Plan
-	buckets []*context.Variable // accumulator per bucket
+	buckets []*context.Variable // accumulator per bucket (under ShardGradients, made when first needed)
+	// sharding is the job's strategy, Replicated on one process; gradShards receive this rank's block of
+	// each synced bucket under a strategy that splits buckets.
+	sharding   accumulate.Sharding
+	gradShards []*context.Variable
 	// reducer owns the synchronisation: it decides which micro-batches sync, syncs them, and keeps the
 	// state of the accumulators between optimizer steps.
 	reducer *accumulate.Reducer
 
-	microExec *context.Exec
-	// outputsExec is the micro-step that also outputs predictions and metrics, compiled on first use.
-	outputsExec *context.Exec
-	metricsFn   MetricsFn
+	// execs are the compiled micro-steps, made on first use: [withOutputs][emit]. withOutputs also outputs
+	// predictions and metrics; emit outputs the gradients instead of adding them into the accumulators
+	// (ShardGradients, on a micro-batch that syncs straight after a step).
+	execs     [2][2]*context.Exec
+	metricsFn MetricsFn
 	// numOutputs is the number of predictions the model function returns.
 	numOutputs int
 	evalExec   *context.Exec
@@ -197,14 +203,13 @@ func (m *Model) Materialize(batch Batch) (err error) {
 		return fmt.Errorf("prepare: initialising variables: %w", err)
 	}
 	// Every variable exists now: the executors reuse them, and would fail loudly on a new one.
-	m.microExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), m.microStepGraph)
-	if err != nil {
-		return fmt.Errorf("prepare: creating the training step: %w", err)
+	if _, err := m.exec(false, m.sharding.Stage() == 2); err != nil {
+		return err
 	}
-	m.microExec.SetMaxCache(16)
 	m.reducer = accumulate.NewReducer(m.rt.Comm, m.plan, accumulate.WithGradientState(m.rt.State),
 		accumulate.WithAccumulators(m.buckets), accumulate.WithCommHook(m.rt.commHook()),
-		accumulate.WithSharding(m.rt.sharding()))
+		accumulate.WithSharding(m.sharding), accumulate.WithShards(m.gradShards),
+		accumulate.WithAccumulatorMaker(m.makeAccumulators))
 	m.materialized = true
 	for _, hook := range m.onMaterialize {
 		if err := hook(); err != nil {
@@ -240,7 +245,7 @@ func (m *Model) Materialize(batch Batch) (err error) {
 func (m *Model) ReplicatedVariables() []*context.Variable {
 	var vars []*context.Variable
 	for v := range m.ctx.IterVariables() {
-		if isBucketVariable(v) || isRNGVariable(v) || m.isPerRankBuffer(v) {
+		if isBucketVariable(v) || blockstate.IsBlockVariable(v) || isRNGVariable(v) || m.isPerRankBuffer(v) {
 			continue
 		}
 		vars = append(vars, v)
@@ -250,9 +255,43 @@ func (m *Model) ReplicatedVariables() []*context.Variable {
 
 func isBucketVariable(v *context.Variable) bool { return v.Scope() == bucketScope }
 
+// exec is the compiled micro-step for withOutputs and emit, made on first use.
+func (m *Model) exec(withOutputs, emit bool) (*context.Exec, error) {
+	o, e := boolToInt(withOutputs), boolToInt(emit)
+	if m.execs[o][e] != nil {
+		return m.execs[o][e], nil
+	}
+	exec, err := context.NewExec(m.rt.Backend, m.ctx.Reuse(), func(ctx *context.Context, nodes []*Node) []*Node {
+		return m.buildMicroStep(ctx, nodes, withOutputs, emit)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("prepare: creating the training step: %w", err)
+	}
+	exec.SetMaxCache(16)
+	m.execs[o][e] = exec
+	return exec, nil
+}
+
+// makeAccumulators makes the whole-bucket accumulators that ShardGradients leaves out until a micro-batch
+// accumulates without syncing, and tells the reducer.
+func (m *Model) makeAccumulators() ([]*context.Variable, error) {
+	if m.buckets != nil {
+		return m.buckets, nil
+	}
+	bucketCtx := m.ctx.InAbsPath(bucketScope).Checked(false)
+	size := m.rt.Comm.Size()
+	buckets := make([]*context.Variable, len(m.plan.Buckets))
+	for b, bucket := range m.plan.Buckets {
+		zeros := tensors.FromShape(shapes.Make(bucket.DType, m.sharding.Padded(bucket.Size, size)))
+		buckets[b] = bucketCtx.VariableWithValue(fmt.Sprintf("bucket_%03d", b), zeros).SetTrainable(false)
+	}
+	m.buckets = buckets
+	return buckets, nil
+}
+
 // microStepOutputsGraph is microStepGraph that also outputs the predictions and the training metrics.
 func (m *Model) microStepOutputsGraph(ctx *context.Context, nodes []*Node) []*Node {
-	return m.buildMicroStep(ctx, nodes, true)
+	return m.buildMicroStep(ctx, nodes, true, false)
 }
 
 // microStepGraph is the compiled micro-batch step: forward, loss, gradients of the planned parameters,
@@ -281,10 +320,10 @@ func (m *Model) collectPerStepUpdates(ctx *context.Context, g *Graph) {
 }
 
 func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
-	return m.buildMicroStep(ctx, nodes, false)
+	return m.buildMicroStep(ctx, nodes, false, false)
 }
 
-func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs bool) []*Node {
+func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs, emit bool) []*Node {
 	g := nodes[0].Graph()
 	ctx.SetTraining(g, true)
 	nIn, nLab := len(m.firstInputs), len(m.firstLabels)
@@ -334,8 +373,17 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 	// gradient byte per micro-batch (which the pure-Go backend runs as a broadcast and a multiply).
 	grads := differentiate(Mul(loss, ConvertDType(scale, loss.DType())), values)
 	flats := bucketgraph.Flatten(m.plan, grads)
-	for b, acc := range m.buckets {
-		acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
+	size := m.rt.Comm.Size()
+	for b, bucket := range m.plan.Buckets {
+		// A strategy that splits buckets pads each to a multiple of the world size; the padding stays zero.
+		if pad := m.sharding.Padded(bucket.Size, size) - bucket.Size; pad > 0 {
+			flats[b] = Concatenate([]*Node{flats[b], Zeros(g, shapes.Make(bucket.DType, pad))}, 0)
+		}
+	}
+	if !emit {
+		for b, acc := range m.buckets {
+			acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
+		}
 	}
 	out := []*Node{ConvertDType(loss, dtypes.Float64), ConvertDType(dataLoss, dtypes.Float64)}
 	if withOutputs {
@@ -344,6 +392,9 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs 
 		if m.metricsFn != nil {
 			out = append(out, m.metricsFn(ctx, labels, predictions)...)
 		}
+	}
+	if emit {
+		out = append(out, flats...)
 	}
 	return out
 }
@@ -381,11 +432,23 @@ func (m *Model) planFromGraph(ctx *context.Context, g *Graph) {
 		panic(err)
 	}
 	m.plan = plan
-	bucketCtx := ctx.InAbsPath(bucketScope).Checked(false).WithInitializer(initializers.Zero)
-	m.buckets = make([]*context.Variable, len(plan.Buckets))
-	for b, bucket := range plan.Buckets {
-		m.buckets[b] = bucketCtx.VariableWithShape(fmt.Sprintf("bucket_%03d", b), shapes.Make(bucket.DType, bucket.Size)).
-			SetTrainable(false)
+	m.sharding = m.rt.sharding()
+	size := m.rt.Comm.Size()
+	if m.sharding.Stage() < 2 {
+		bucketCtx := ctx.InAbsPath(bucketScope).Checked(false).WithInitializer(initializers.Zero)
+		m.buckets = make([]*context.Variable, len(plan.Buckets))
+		for b, bucket := range plan.Buckets {
+			m.buckets[b] = bucketCtx.VariableWithShape(fmt.Sprintf("bucket_%03d", b),
+				shapes.Make(bucket.DType, m.sharding.Padded(bucket.Size, size))).SetTrainable(false)
+		}
+	}
+	if m.sharding.Stage() > 0 {
+		shardCtx := ctx.InAbsPath(blockstate.Scope).Checked(false).WithInitializer(initializers.Zero)
+		m.gradShards = make([]*context.Variable, len(plan.Buckets))
+		for b, bucket := range plan.Buckets {
+			m.gradShards[b] = shardCtx.VariableWithShape(blockstate.GradBlockName(b),
+				shapes.Make(bucket.DType, accumulate.BlockLen(bucket.Size, size))).SetTrainable(false)
+		}
 	}
 }
 
@@ -545,15 +608,20 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 			return res, err
 		}
 	}
-	exec := m.microExec
-	if withOutputs {
-		if m.outputsExec == nil {
-			if m.outputsExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), m.microStepOutputsGraph); err != nil {
-				return res, fmt.Errorf("prepare: creating the training step with outputs: %w", err)
-			}
-			m.outputsExec.SetMaxCache(16)
+	// ShardGradients hands a micro-batch that syncs straight after a step to the reduce-scatter without a
+	// whole-model accumulator; any other micro-batch adds into the accumulators, made when first needed.
+	emit := m.sharding.Stage() == 2 && steps && !m.reducer.Dirty()
+	if !emit && m.buckets == nil {
+		if _, err := m.makeAccumulators(); err != nil {
+			return res, err
 		}
-		exec = m.outputsExec
+		if err := m.reducer.SetAccumulators(m.buckets); err != nil {
+			return res, err
+		}
+	}
+	exec, err := m.exec(withOutputs, emit)
+	if err != nil {
+		return res, err
 	}
 	start := time.Now()
 	out, err := exec.Exec(m.microStepArgs(batch, scale, steps)...)
@@ -562,12 +630,21 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 		return res, fmt.Errorf("prepare: training step: %w", err)
 	}
 	if withOutputs {
+		end := len(out)
+		if emit {
+			end -= len(m.plan.Buckets)
+		}
 		res.Outputs = out[2 : 2+m.numOutputs]
-		if len(out) > 2+m.numOutputs {
-			res.Metrics = out[2+m.numOutputs:]
+		if end > 2+m.numOutputs {
+			res.Metrics = out[2+m.numOutputs : end]
 		}
 	}
 	m.microSteps++
+	if emit {
+		if err := m.reducer.EmitGradients(out[len(out)-len(m.plan.Buckets):]); err != nil {
+			return res, err
+		}
+	}
 	res.Loss = tensors.ToScalar[float64](out[0])
 	res.DataLoss = tensors.ToScalar[float64](out[1])
 	if err := m.reducer.EndMicroBatch(scale, res.Loss); err != nil {
@@ -664,3 +741,7 @@ func FromTrainModelFn(fn train.ModelFn, spec any) ModelFn {
 	}
 	return func(ctx *context.Context, inputs []*Node) []*Node { return fn(ctx, spec, inputs) }
 }
+
+// Sharding is the strategy the model's gradients and optimizer state are split with (Replicated on one
+// process; nil before the model is built).
+func (m *Model) Sharding() accumulate.Sharding { return m.sharding }

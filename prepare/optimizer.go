@@ -77,6 +77,13 @@ func OnNonFinite(policy NonFinitePolicy) OptimizerOption {
 	return func(o *Optimizer) { o.nonFinite = policy }
 }
 
+// ElementWise declares that the optimizer updates each parameter element from that element's gradient,
+// value and state alone, as GoMLX's SGD, Adam, AdamW, Adamax and RMSProp do (and an optimizer that
+// normalises by a whole tensor's norm, as LAMB does, does not): what a sharding strategy needs to update
+// parameter blocks instead of parameters. goaccel knows GoMLX's own optimizers; this option vouches for
+// another.
+func ElementWise() OptimizerOption { return func(o *Optimizer) { o.elementWise = true } }
+
 // AfterStep runs fn after every applied optimizer step; an error fails the step. The Accelerator's
 // replica check hooks in here.
 func AfterStep(fn func() error) OptimizerOption {
@@ -90,12 +97,19 @@ type Optimizer struct {
 	withGrads train.OptimizeWithGradients
 	clipNorm  float64
 	nonFinite NonFinitePolicy
-	afterStep []func() error
+	// elementWise is set when ElementWise vouched for an optimizer goaccel does not know.
+	elementWise bool
+	afterStep   []func() error
 	// beforeStep runs before every applied step, once the update is certain (a Scheduler sets the rate).
 	beforeStep []func() error
 	scheduler  *Scheduler
 
-	applyExec    *context.Exec
+	applyExec *context.Exec
+	// Under a strategy that splits buckets: the parameter blocks the update runs on, the per-step updates
+	// run after the all-gather, and the all-gather's two staging buffers (see shard.go).
+	paramShards  []*context.Variable
+	perStepExec  *context.Exec
+	gathered     [2][]byte
 	steps        int64 // optimizer steps applied
 	skippedSteps int64
 	computeTime  time.Duration
@@ -123,6 +137,11 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 	if o.clipNorm < 0 || math.IsNaN(o.clipNorm) {
 		return nil, fmt.Errorf("prepare: gradient clipping norm must be positive, got %g", o.clipNorm)
 	}
+	if s := model.rt.sharding(); s.Stage() > 0 && !o.elementWise && !knownElementWise(opt) {
+		return nil, fmt.Errorf("prepare: sharding %q updates each process's block of the parameters, which gives "+
+			"the replicated update only for an optimizer that updates each element on its own; goaccel does not "+
+			"know whether %T does: use replicated sharding, or pass prepare.ElementWise() if it does", s.Name(), opt)
+	}
 	if model.materialized {
 		if err := o.build(); err != nil {
 			return nil, err
@@ -137,10 +156,22 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 	return o, nil
 }
 
+// knownElementWise reports whether opt is one of GoMLX's optimizers, all of which update element by element.
+func knownElementWise(opt optimizers.Interface) bool {
+	if _, ok := opt.(*optimizers.SGDConfig); ok {
+		return true
+	}
+	// Adam, AdamW, Adamax and RMSProp are one unexported type.
+	return fmt.Sprintf("%T", opt) == fmt.Sprintf("%T", optimizers.Adam().Done())
+}
+
 // build compiles the update step, which creates the optimizer's state variables, and initialises them.
 func (o *Optimizer) build() (err error) {
 	defer recovered("prepare: building the optimizer step", &err)
 	m := o.model
+	if m.sharding.Stage() > 0 {
+		return o.buildSharded()
+	}
 	probeGraph(m.rt, "goaccel_optimizer_probe", []any{tensors.FromScalar(1.0)}, func(g *Graph, params []*Node) {
 		o.applyGraph(m.ctx, params[0])
 	})
@@ -150,6 +181,28 @@ func (o *Optimizer) build() (err error) {
 	o.applyExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), o.applyGraph)
 	if err != nil {
 		return fmt.Errorf("prepare: creating the optimizer step: %w", err)
+	}
+	return nil
+}
+
+// buildSharded is build under a strategy that splits buckets: the update runs on parameter blocks.
+func (o *Optimizer) buildSharded() (err error) {
+	m := o.model
+	o.buildShards()
+	one := tensors.FromScalar(1.0)
+	probeGraph(m.rt, "goaccel_optimizer_probe", []any{one, one}, func(g *Graph, params []*Node) {
+		o.applyShardedGraph(m.ctx, params[0], params[1])
+	})
+	if err := m.ctx.InitializeVariables(m.rt.Backend, nil); err != nil {
+		return fmt.Errorf("prepare: initialising optimizer state: %w", err)
+	}
+	if o.applyExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), o.applyShardedGraph); err != nil {
+		return fmt.Errorf("prepare: creating the optimizer step: %w", err)
+	}
+	if len(m.perStepUpdates) > 0 {
+		if o.perStepExec, err = context.NewExec(m.rt.Backend, m.ctx.Reuse(), o.perStepGraph); err != nil {
+			return fmt.Errorf("prepare: creating the per-step updates: %w", err)
+		}
 	}
 	return nil
 }
@@ -186,6 +239,30 @@ func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
 	}
 }
 
+// applySharded is the step under a strategy that splits buckets: refresh the parameter blocks, update them,
+// all-gather them into the parameters, run the per-step updates, and zero the accumulators the sync read.
+func (o *Optimizer) applySharded(clip float64) error {
+	m := o.model
+	if err := o.refreshShards(); err != nil {
+		return err
+	}
+	if _, err := o.applyExec.Exec(m.scalars.get(m.reducer.Scale()), m.scalars.get(clip)); err != nil {
+		return err
+	}
+	if err := o.gatherShards(); err != nil {
+		return err
+	}
+	if o.perStepExec != nil {
+		if _, err := o.perStepExec.Exec(m.scalars.get(1.0)); err != nil {
+			return fmt.Errorf("per-step updates: %w", err)
+		}
+	}
+	if m.reducer.Dirty() {
+		return m.reducer.ZeroAccumulators()
+	}
+	return nil
+}
+
 // clipByGlobalNorm scales every gradient by min(1, maxNorm/‖grads‖₂), the norm taken over all of them.
 func clipByGlobalNorm(grads []*Node, maxNorm float64) []*Node {
 	g := grads[0].Graph()
@@ -216,10 +293,26 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 	if o.applyExec == nil {
 		return false, errors.New("prepare: optimizer step before the model was built")
 	}
-	if o.nonFinite != NonFiniteApply {
-		finite, err := m.reducer.Finite()
+	// Under a strategy that splits buckets the norm and the finiteness of the synced gradients are known
+	// only across ranks: one collective serves both.
+	clip := 1.0
+	finite := true
+	if m.reducer.Sharded() && (o.nonFinite != NonFiniteApply || o.clipNorm > 0) {
+		sumSquares, err := m.reducer.SyncedSumSquares()
 		if err != nil {
 			return false, err
+		}
+		finite = !math.IsNaN(sumSquares) && !math.IsInf(sumSquares, 0)
+		norm := math.Sqrt(sumSquares) * m.reducer.Scale()
+		if o.clipNorm > 0 && finite {
+			clip = math.Min(1, o.clipNorm/math.Max(norm, 1e-12))
+		}
+	}
+	if o.nonFinite != NonFiniteApply {
+		if !m.reducer.Sharded() {
+			if finite, err = m.reducer.Finite(); err != nil {
+				return false, err
+			}
 		}
 		if !finite {
 			refused := o.steps + o.skippedSteps + 1
@@ -249,7 +342,11 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 		}
 	}
 	start := time.Now()
-	_, err = o.applyExec.Exec(m.scalars.get(m.reducer.Scale()))
+	if m.reducer.Sharded() {
+		err = o.applySharded(clip)
+	} else {
+		_, err = o.applyExec.Exec(m.scalars.get(m.reducer.Scale()))
+	}
 	o.computeTime += time.Since(start)
 	if err != nil {
 		return false, fmt.Errorf("prepare: optimizer step: %w", err)

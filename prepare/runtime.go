@@ -52,8 +52,10 @@ func (rt *Runtime) defaultNonFinite() NonFinitePolicy {
 	return NonFiniteApply
 }
 
+// sharding is the strategy the job's models use: Replicated when none was set, and on one process, where
+// there is nothing to split (a checkpoint records it so).
 func (rt *Runtime) sharding() accumulate.Sharding {
-	if rt.Sharding == nil {
+	if rt.Sharding == nil || rt.Comm.Size() == 1 {
 		return accumulate.Replicated{}
 	}
 	return rt.Sharding

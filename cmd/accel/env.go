@@ -107,8 +107,8 @@ func environmentReport(startAnyBackend bool) []entry {
 		return entries
 	}
 	entries = append(entries, entry{"Configuration", fmt.Sprintf("collective timeout %s, debug mode %t, "+
-		"replica check %t, gradient compression %s", resolved.CollectiveTimeout, resolved.Debug,
-		resolved.ReplicaCheck, resolved.GradientCompression)})
+		"replica check %t, gradient compression %s, sharding %s", resolved.CollectiveTimeout, resolved.Debug,
+		resolved.ReplicaCheck, resolved.GradientCompression, resolved.Sharding.Name())})
 	computeCfg := resolved.Compute
 	computeCfg.LocalRank, computeCfg.LocalSize = topo.LocalRank, topo.LocalSize
 	config, reason := cpu.Resolve(computeCfg)

@@ -66,7 +66,7 @@ var summaryKeys = []string{"goaccel_version",
 	"rank", "world_size", "epochs", "batch_size", "accumulation_steps", "global_batch", "optimizer_steps", "syncs",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
 	"micro_batch_compute_seconds", "train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",
-	"examples_per_second", "seconds",
+	"examples_per_second", "seconds", "sharding", "optimizer_state_bytes",
 }
 
 // parseSummary checks that the last stdout line is a JSON object with exactly the summary's keys.

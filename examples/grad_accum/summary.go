@@ -58,6 +58,10 @@ type summary struct {
 	Seconds           float64 `json:"seconds"` // wall time of the whole run
 	// GoaccelVersion is the goaccel release (and commit) the program was built from.
 	GoaccelVersion string `json:"goaccel_version"`
+	// Sharding is the strategy the training state was split with, OptimizerStateBytes the optimizer state
+	// this process held (1/N of the replicated size under optimizer or gradients sharding).
+	Sharding            string `json:"sharding"`
+	OptimizerStateBytes int64  `json:"optimizer_state_bytes"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -87,6 +91,8 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		TrainSeconds:             seconds(trainTime),
 		ExamplesPerSecond:        math.Round(float64(trainExamples*cfg.epochs) / trainTime.Seconds()),
 		Seconds:                  seconds(elapsed),
+		Sharding:                 stats.Sharding,
+		OptimizerStateBytes:      stats.OptimizerStateBytes,
 	}
 }
 

@@ -29,8 +29,8 @@ var layers = [][]string{
 	{"internal/replicas"},
 	// 4: when and how gradients are synchronised.
 	{"accumulate"},
-	// 5: graph helpers of the gradient path.
-	{"internal/bucketgraph"},
+	// 5: graph helpers of the gradient path, and the layout of sharded optimizer state.
+	{"internal/bucketgraph", "internal/blockstate"},
 	// 6: the user's objects, prepared.
 	{"prepare", "userstate"},
 	// 7: what is sized or measured over prepared objects.
