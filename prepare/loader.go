@@ -48,6 +48,8 @@ type loaderConfig struct {
 	seed        uint64
 	prefetch    bool
 	split       bool
+	// dispatch: only rank 0 reads the stream and sends every rank its batch (dispatch.go).
+	dispatch bool
 	// noCheckpoint leaves the loader out of the Accelerator's checkpoints.
 	noCheckpoint bool
 }
@@ -121,6 +123,10 @@ func NewDataLoader(rt *Runtime, source Source, opts ...LoaderOption) (*DataLoade
 	if err != nil {
 		return nil, err
 	}
+	if l.cfg.dispatch {
+		return nil, errors.New("prepare: Dispatch is for streams (NewStreamLoader): an indexable source is " +
+			"sharded by index, every rank reading its own examples with no messages")
+	}
 	l.source = source
 	n := source.Len()
 	if n <= 0 {
@@ -137,14 +143,20 @@ func NewDataLoader(rt *Runtime, source Source, opts ...LoaderOption) (*DataLoade
 
 // NewStreamLoader shards a GoMLX train.Dataset by batches: rank r keeps batches r, r+N, r+2N… of each
 // pass. Every rank reads the whole stream (a stream cannot be indexed), so this suits datasets that are
-// cheap to read; prefer an indexable Source when there is one.
+// cheap to read; prefer an indexable Source when there is one. With Dispatch, rank 0 alone reads it and
+// sends every rank its batch; ranks other than 0 may then pass a nil dataset.
 func NewStreamLoader(rt *Runtime, ds train.Dataset, opts ...LoaderOption) (*DataLoader, error) {
-	if ds == nil {
-		return nil, errors.New("prepare: data loader dataset is nil")
-	}
 	l, err := newLoader(rt, opts)
 	if err != nil {
 		return nil, err
+	}
+	if ds == nil {
+		if !l.cfg.dispatch || rt.Comm.Rank() == 0 {
+			return nil, errors.New("prepare: data loader dataset is nil")
+		}
+		// The loader tells a stream from a source by this field: a rank that only receives still has a
+		// stream, read elsewhere.
+		ds = dispatchedElsewhere{}
 	}
 	if l.cfg.split {
 		return nil, errors.New("prepare: split batches needs an indexable source: a stream's batches come whole")
@@ -350,7 +362,11 @@ func (l *DataLoader) All() iter.Seq2[Batch, error] {
 			l.rt.State.SetEndOfDataloader(false)
 			exit()
 		}()
-		if l.stream != nil {
+		switch {
+		case l.stream != nil && l.cfg.dispatch:
+			l.iterateDispatched(yield)
+			return
+		case l.stream != nil:
 			l.iterateStream(yield)
 			return
 		}
