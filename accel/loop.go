@@ -118,6 +118,11 @@ func SkipCheckpoint() LoaderOption { return prepare.SkipCheckpoint() }
 // split_batches).
 func SplitBatches() LoaderOption { return prepare.SplitBatches() }
 
+// DispatchBatches makes the main process alone read a dataset prepared with PrepareDataset and send every
+// process its batch (Accelerate's dispatch_batches; see prepare.Dispatch): for a stream that cannot be read
+// on every process. The other processes may pass a nil dataset.
+func DispatchBatches() LoaderOption { return prepare.Dispatch() }
+
 // TensorSource is a Source over in-memory tensors, one example per row.
 func TensorSource(inputs, labels []*tensors.Tensor, opts ...SourceOption) (Source, error) {
 	return prepare.TensorSource(inputs, labels, opts...)

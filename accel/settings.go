@@ -34,7 +34,9 @@ func (a *Accelerator) settings() []replicas.Setting {
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batch size per process", i), Value: fmt.Sprint(l.BatchSize())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's number of examples", i), Value: fmt.Sprint(l.SourceLen())},
-			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())})
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())},
+			replicas.Setting{Name: fmt.Sprintf("data loader %d dispatched from rank 0 (accel.DispatchBatches)", i),
+				Value: fmt.Sprint(l.Dispatched())})
 	}
 	for i, m := range a.models {
 		s = append(s, replicas.Setting{Name: fmt.Sprintf("model %d's buffer sync (accel.WithBufferSync)", i),

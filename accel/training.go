@@ -74,6 +74,8 @@ func (a *Accelerator) PrepareDataLoader(source prepare.Source, opts ...prepare.L
 }
 
 // PrepareDataset shards a GoMLX train.Dataset (a stream of batches) across ranks by taking every N-th batch.
+// Every process reads the whole stream; with DispatchBatches the main process alone reads it and sends
+// each process its batch, and the others may pass a nil dataset.
 func (a *Accelerator) PrepareDataset(ds train.Dataset, opts ...prepare.LoaderOption) (*prepare.DataLoader, error) {
 	if err := a.checkOpen(); err != nil {
 		return nil, err
