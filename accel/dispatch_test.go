@@ -247,4 +247,3 @@ func TestMPIDispatchBatches(t *testing.T) {
 	assert.Equal(t, got[0].Broadcasts, got[1].Broadcasts, "both processes took part in every round")
 	assert.Equal(t, got[0].Params, got[1].Params, "the replicas stayed identical")
 }
-
