@@ -60,16 +60,32 @@ func (a *Accelerator) rankState(reason string, now time.Time) jobenv.RankState {
 	act := a.comm.Activity()
 	host, _ := os.Hostname()
 	s := jobenv.RankState{Rank: a.topo.Rank, Size: a.topo.WorldSize, Reason: reason, Host: host, PID: os.Getpid(),
-		Seq: act.Seq, Call: act.Call, Bytes: int64(act.Bytes), Waiting: act.Waiting, TimedOut: act.TimedOut,
+		Seq: act.Seq, Call: labelledCall(act.Call, act.Label), Bytes: int64(act.Bytes), Waiting: act.Waiting, TimedOut: act.TimedOut,
 		Abandoned: act.Abandoned, Doing: act.Context}
 	if act.WaitSeq > 0 {
-		s.WaitSeq, s.WaitCall, s.WaitBytes = act.WaitSeq, act.WaitCall, int64(act.WaitBytes)
+		s.WaitSeq, s.WaitCall, s.WaitBytes = act.WaitSeq, labelledCall(act.WaitCall, act.WaitLabel), int64(act.WaitBytes)
 		s.WaitedSeconds = act.Waited(now).Seconds()
 	}
 	if act.Broken != nil {
 		s.Failed = act.Broken.Error()
 	}
 	return s
+}
+
+// labelledCall names what a labelled collective carries before its buffer: "all-reduce of bucket 3:
+// float32[2097152]", which the launcher's summary writes "all-reduce #12 (bucket 3: float32[2097152], 8.0 MiB)".
+func labelledCall(call string, label backends.Label) string {
+	if label.IsZero() {
+		return call
+	}
+	what := label.What
+	if label.Index >= 0 {
+		what = fmt.Sprintf("%s %d", what, label.Index)
+	}
+	if op, detail, ok := strings.Cut(call, " of "); ok {
+		return op + " of " + what + ": " + detail
+	}
+	return call + " of " + what
 }
 
 // goroutineStacks is every goroutine's stack, as a crash would print it (runtime/pprof's debug=2).

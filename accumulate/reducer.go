@@ -475,6 +475,7 @@ func (r *Reducer) syncWith(sharding Sharding, buckets, recv []*tensors.Tensor) e
 					continue
 				}
 			}
+			r.comm.SetNextLabel(backends.BucketLabel(i, int64(layout.Bytes())))
 			p, err := r.hook.Start(r.comm, sharding, GradBucket{Index: i, Layout: layout, Buffer: buf, Shard: shard})
 			if err != nil {
 				_ = waitAll()

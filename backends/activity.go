@@ -13,6 +13,10 @@ type Activity struct {
 	Op      Op
 	Bytes   int
 	Started time.Time
+	// Label is what the latest collective is for ("bucket 3 (8.0 MiB)"; zero: not said), WaitLabel the
+	// waited one's (see SetNextLabel).
+	Label     Label
+	WaitLabel Label
 	// Waiting: this rank waits in collective WaitSeq (WaitCall, WaitBytes) since WaitBegan. After the wait
 	// ended, the Wait fields describe the last wait and WaitEnded says when it ended. A wait that ended
 	// without the collective completing says why: TimedOut, it ran past the timeout; Abandoned, another
@@ -48,6 +52,7 @@ func (a Activity) Waited(now time.Time) time.Duration {
 type activity struct {
 	seq   int64
 	call  callRecord
+	label Label
 	bytes int
 	begun time.Time
 
@@ -56,20 +61,21 @@ type activity struct {
 	abandoned bool
 	waitSeq   int64
 	waitCall  callRecord
+	waitLabel Label
 	waitBytes int
 	waitBegan time.Time
 	waitEnded time.Time
 }
 
 // started records that collective seq started at now. Call it with c.mu held.
-func (a *activity) started(seq int64, call callRecord, bytes int, now time.Time) {
-	a.seq, a.call, a.bytes, a.begun = seq, call, bytes, now
+func (a *activity) started(seq int64, call callRecord, label Label, bytes int, now time.Time) {
+	a.seq, a.call, a.label, a.bytes, a.begun = seq, call, label, bytes, now
 }
 
 // waits records that a wait for p began at now. Call it with c.mu held.
 func (a *activity) waits(p *Pending, now time.Time) {
 	a.waiting, a.timedOut, a.abandoned = true, false, false
-	a.waitSeq, a.waitCall, a.waitBytes, a.waitBegan, a.waitEnded = p.seq, p.call, p.bytes, now, time.Time{}
+	a.waitSeq, a.waitCall, a.waitLabel, a.waitBytes, a.waitBegan, a.waitEnded = p.seq, p.call, p.label, p.bytes, now, time.Time{}
 }
 
 // How a wait ended.
@@ -98,7 +104,8 @@ func (c *Communicator) Activity() Activity {
 	broken, describe := c.broken, c.describe
 	c.mu.Unlock()
 	act := Activity{Seq: a.seq, Bytes: a.bytes, Started: a.begun, Waiting: a.waiting, TimedOut: a.timedOut, Abandoned: a.abandoned,
-		WaitSeq: a.waitSeq, WaitBytes: a.waitBytes, WaitBegan: a.waitBegan, WaitEnded: a.waitEnded, Broken: broken}
+		WaitSeq: a.waitSeq, WaitBytes: a.waitBytes, WaitBegan: a.waitBegan, WaitEnded: a.waitEnded, Broken: broken,
+		Label: a.label, WaitLabel: a.waitLabel}
 	if a.seq > 0 {
 		act.Call, act.Op = a.call.String(), a.call.op()
 	}

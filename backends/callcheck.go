@@ -95,7 +95,7 @@ func (c *Communicator) checkCall(op Op, bi Buffer, root int) error {
 	mine := callOf(op, bi, root)
 	all := make([]int64, len(mine)*c.Size())
 	send := BufferOf(mine[:])
-	p, err := c.start(callOf(OpAllGather, send, -1), send.Bytes, func() (Request, error) { return c.engine.StartAllGather(send, BufferOf(all)) })
+	p, err := c.startAs(callOf(OpAllGather, send, -1), send.Bytes, false, func() (Request, error) { return c.engine.StartAllGather(send, BufferOf(all)) })
 	if err != nil {
 		return err
 	}

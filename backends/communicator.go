@@ -180,6 +180,10 @@ type Communicator struct {
 	// the collectives it issues itself.
 	before   atomic.Pointer[func()]
 	inBefore atomic.Bool
+	// nextLabel is the label of the next collective started (SetNextLabel); observer is told of every
+	// collective's end (SetObserver).
+	nextLabel Label
+	observer  atomic.Pointer[func(CollectiveRecord)]
 }
 
 // departure is what a rank announced on its way out of the job.
@@ -285,6 +289,7 @@ type Pending struct {
 	req     Request
 	op      Op
 	call    callRecord // what this rank called, for errors
+	label   Label      // what it is for (SetNextLabel)
 	bytes   int
 	seq     int64 // this collective's number on this rank, from 1 (see CollectiveError)
 	started time.Time
@@ -309,8 +314,15 @@ func (p *Pending) Wait() error {
 	return p.err
 }
 
-// start starts the collective call describes, of bytes from this rank, with startFn.
+// start starts the collective call describes, of bytes from this rank, with startFn: a collective the
+// caller asked for, which takes the label SetNextLabel gave unless a SetBeforeCollective function issued it.
 func (c *Communicator) start(call callRecord, bytes int, startFn func() (Request, error)) (*Pending, error) {
+	return c.startAs(call, bytes, !c.inBefore.Load(), startFn)
+}
+
+// startAs is start; labelled says whether the collective takes the pending label (the call checks'
+// collectives do not).
+func (c *Communicator) startAs(call callRecord, bytes int, labelled bool, startFn func() (Request, error)) (*Pending, error) {
 	op := call.op()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -329,8 +341,12 @@ func (c *Communicator) start(call callRecord, bytes int, startFn func() (Request
 	c.stats.PerOp[op].Bytes += int64(bytes)
 	c.seq++
 	now := time.Now()
-	c.now.started(c.seq, call, bytes, now)
-	return &Pending{comm: c, req: req, op: op, call: call, bytes: bytes, seq: c.seq, started: now}, nil
+	var label Label
+	if labelled {
+		label, c.nextLabel = c.nextLabel, Label{}
+	}
+	c.now.started(c.seq, call, label, bytes, now)
+	return &Pending{comm: c, req: req, op: op, call: call, label: label, bytes: bytes, seq: c.seq, started: now}, nil
 }
 
 // busyPollFor is how long a wait polls without sleeping. Engines progress only inside Test (Open MPI's
@@ -413,11 +429,13 @@ func (c *Communicator) wait(p *Pending) error {
 			if err != nil {
 				end = waitAbandoned
 			}
-			c.now.waited(p, time.Now(), end)
+			ended := time.Now()
+			c.now.waited(p, ended, end)
 			if err != nil {
 				c.broken = err
 			}
 			c.mu.Unlock()
+			c.observe(p, begin, ended, err != nil)
 			if err != nil {
 				cerr := &CollectiveError{Op: p.op, Bytes: p.bytes, Seq: p.seq, Call: p.call.String(), Rank: c.engine.Rank(), Err: err}
 				c.mu.Lock()
