@@ -603,6 +603,7 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 	if err != nil {
 		return res, err
 	}
+	defer m.rt.endPhase(m.rt.beginPhase(PhaseBackward, m.microSteps+1, steps))
 	if steps && len(m.scheduleVars) > 0 {
 		if err := m.keepScheduleValues(); err != nil {
 			return res, err
@@ -624,7 +625,9 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 		return res, err
 	}
 	start := time.Now()
+	pass := m.rt.beginPhase(PhaseForwardBackward, m.microSteps+1, steps)
 	out, err := exec.Exec(m.microStepArgs(batch, scale, steps)...)
+	m.rt.endPhase(pass)
 	m.computeTime += time.Since(start)
 	if err != nil {
 		return res, fmt.Errorf("prepare: training step: %w", err)

@@ -243,13 +243,16 @@ func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
 // all-gather them into the parameters, run the per-step updates, and zero the accumulators the sync read.
 func (o *Optimizer) applySharded(clip float64) error {
 	m := o.model
-	if err := o.refreshShards(); err != nil {
+	if err := m.rt.inPhase(PhaseRefresh, o.steps+1, o.refreshShards); err != nil {
 		return err
 	}
-	if _, err := o.applyExec.Exec(m.scalars.get(m.reducer.Scale()), m.scalars.get(clip)); err != nil {
+	if err := m.rt.inPhase(PhaseUpdate, o.steps+1, func() error {
+		_, err := o.applyExec.Exec(m.scalars.get(m.reducer.Scale()), m.scalars.get(clip))
+		return err
+	}); err != nil {
 		return err
 	}
-	if err := o.gatherShards(); err != nil {
+	if err := m.rt.inPhase(PhaseAllGather, o.steps+1, o.gatherShards); err != nil {
 		return err
 	}
 	if o.perStepExec != nil {
@@ -293,6 +296,7 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 	if o.applyExec == nil {
 		return false, errors.New("prepare: optimizer step before the model was built")
 	}
+	defer m.rt.endPhase(m.rt.beginPhase(PhaseOptimizerStep, o.steps+1, false))
 	// Under a strategy that splits buckets the norm and the finiteness of the synced gradients are known
 	// only across ranks: one collective serves both.
 	clip := 1.0

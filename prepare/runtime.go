@@ -28,6 +28,9 @@ type Runtime struct {
 	// reducer in package accumulate.
 	CommHook accumulate.CommHook
 	Sharding accumulate.Sharding
+
+	// phases records what the prepared objects are doing (Phase, SetPhaseObserver).
+	phases phases
 }
 
 func (rt *Runtime) commHook() accumulate.CommHook {

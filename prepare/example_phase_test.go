@@ -1,0 +1,69 @@
+package prepare_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gomlx/gomlx/pkg/core/tensors"
+	"github.com/gomlx/gomlx/pkg/ml/context"
+	"github.com/gomlx/gomlx/pkg/ml/train/losses"
+	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
+
+	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/cpu"
+	"github.com/goaccel/goaccel/prepare"
+)
+
+// A phase observer hears of each phase as it ends: two micro-batches of an accumulation cycle (the
+// second syncs), each with its compiled forward and backward pass inside, then the optimizer step.
+func ExampleRuntime_SetPhaseObserver() {
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
+	state, _ := accumulate.NewGradientState(2, false)
+	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
+	rt.SetPhaseObserver(func(p prepare.Phase, begin, end time.Time) {
+		fmt.Printf("%s (syncs: %v); the runtime is back in %q\n", p, p.Syncs, rt.Phase())
+	})
+	model, _ := prepare.NewModel(rt, context.New(), weightsOnly, losses.MeanSquaredError)
+	opt, _ := prepare.NewOptimizer(model, optimizers.StochasticGradientDescent())
+	for range 2 {
+		_ = state.Accumulate(func() error {
+			if _, err := model.Backward(exampleBatch, state.MicroBatchScale()); err != nil {
+				return err
+			}
+			_, err := opt.Step()
+			return err
+		})
+	}
+	// Output:
+	// the forward and backward pass of micro-batch 1 (syncs: false); the runtime is back in "backward of micro-batch 1"
+	// backward of micro-batch 1 (syncs: false); the runtime is back in ""
+	// the forward and backward pass of micro-batch 2 (syncs: true); the runtime is back in "backward of micro-batch 2"
+	// backward of micro-batch 2 (syncs: true); the runtime is back in ""
+	// optimizer step 1 (syncs: false); the runtime is back in ""
+}
+
+// ObserveSource times the batches a loader draws from a source; the batches themselves are the source's.
+func ExampleRuntime_ObserveSource() {
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
+	state, _ := accumulate.NewGradientState(1, false)
+	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
+	rt.SetPhaseObserver(func(p prepare.Phase, begin, end time.Time) { fmt.Println(p) })
+	x := tensors.FromValue([][]float32{{1}, {2}, {3}, {4}, {5}})
+	src, _ := prepare.TensorSource([]*tensors.Tensor{x}, []*tensors.Tensor{x})
+	loader, _ := prepare.NewDataLoader(rt, rt.ObserveSource(src), prepare.BatchSize(2))
+	for batch, err := range loader.All() {
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("batch", batch.Indices)
+	}
+	// Output:
+	// loading a batch of 2 examples
+	// batch [0 1]
+	// loading a batch of 2 examples
+	// batch [2 3]
+	// loading a batch of 1 examples
+	// batch [4]
+}
