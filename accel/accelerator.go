@@ -51,6 +51,8 @@ type Accelerator struct {
 	// finds a rank that is persistently slower (stragglers.go).
 	hang       *hangReports
 	stragglers *stragglers
+	// timeline records the job's timeline (timeline.go); nil when off.
+	timeline *timeline
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
@@ -106,6 +108,7 @@ func New(opts ...Option) (*Accelerator, error) {
 	}
 	a.comm.SetDescriber(a.describe)
 	a.observe()
+	a.startTimeline()
 	// A binary whose GoMLX is not the release goaccel's kernels were written for trains on GoMLX's own
 	// kernels: correct, but several times slower, so the job's first line says why.
 	if k := cpu.CurrentKernels(); k.Inert != "" && cpu.IsPureGo(a.compute) {
@@ -167,7 +170,17 @@ func (a *Accelerator) describe() string {
 	for _, o := range a.optimizers {
 		steps = max(steps, o.Steps())
 	}
-	return fmt.Sprintf("optimizer step %d", steps+1)
+	step := fmt.Sprintf("optimizer step %d", steps+1)
+	// What the prepared objects say they are doing, within the step: "backward of micro-batch 471
+	// (optimizer step 12)"; the optimizer step's own phases name their step.
+	switch p := a.rt.Phase(); p.Kind {
+	case prepare.PhaseNone, prepare.PhaseLoad:
+		return step
+	case prepare.PhaseBackward, prepare.PhaseForwardBackward:
+		return p.String() + " (" + step + ")"
+	default:
+		return p.String()
+	}
 }
 
 // closeComm releases the communicator New opened when New fails. With several processes it only tells the
@@ -209,7 +222,7 @@ func (a *Accelerator) Close() error {
 	}
 	a.closed = true
 	a.stopObserving()
-	trackersErr := errors.Join(a.closeTrackers(), a.releaseCheckpointDirs())
+	trackersErr := errors.Join(a.finishTimeline(), a.closeTrackers(), a.releaseCheckpointDirs())
 	if a.ownComm {
 		return errors.Join(a.comm.Close(), trackersErr)
 	}

@@ -57,6 +57,7 @@ var envSettings = []envSetting{
 	{"CUDA_VISIBLE_DEVICES", func(v string) (Option, error) {
 		return func(c *config) { c.visibleDevices = v }, nil
 	}},
+	{jobenv.Timeline, func(v string) (Option, error) { return WithTimeline(v), nil }},
 	{jobenv.RestartCount, func(v string) (Option, error) {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 0 {
@@ -95,8 +96,8 @@ func parseSwitch(v string) (bool, error) {
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
 // GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS,
-// GOACCEL_MATMUL, GOACCEL_CONV, GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES and GOACCEL_RESTART_COUNT (set by
-// `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
+// GOACCEL_MATMUL, GOACCEL_CONV, GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES, GOACCEL_TIMELINE (WithTimeline) and
+// GOACCEL_RESTART_COUNT (set by `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
 // variable, never ignored.
 func OptionsFromEnv(lookup func(name string) (string, bool)) ([]Option, error) {

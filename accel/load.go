@@ -53,6 +53,7 @@ import (
 // the newest checkpoint under dir is incomplete or damaged, LoadState falls back to the newest intact one
 // and says so on the accelerator's output (see WithOutput).
 func (a *Accelerator) LoadState(dir string) error {
+	defer a.timeline.span("load checkpoint", a.timeline.now())
 	if err := a.checkOpen(); err != nil {
 		return err
 	}

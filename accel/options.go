@@ -46,6 +46,8 @@ type config struct {
 	visibleDevices string
 	// restartCount is how many times a launcher restarted the job (see RestartCount).
 	restartCount int
+	// timeline is the file the job's timeline is written to ("": none; see WithTimeline).
+	timeline string
 }
 
 // CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1, true, yes or on (read with

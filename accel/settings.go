@@ -24,6 +24,7 @@ func (a *Accelerator) settings() []replicas.Setting {
 			Value: a.commHookName()},
 		{Name: "sharding strategy (GOACCEL_SHARDING or accel.WithSharding)", Value: a.cfg.shardingOrDefault().Name()},
 		{Name: "replica check", Value: fmt.Sprint(a.cfg.checkReplicas)},
+		{Name: "timeline (GOACCEL_TIMELINE or accel.WithTimeline)", Value: fmt.Sprint(a.cfg.timeline != "")},
 		{Name: "debug mode (collective call checks)", Value: fmt.Sprint(a.comm.CallChecks())},
 		{Name: "the number of prepared models", Value: fmt.Sprint(len(a.models))},
 		{Name: "the number of prepared optimizers", Value: fmt.Sprint(len(a.optimizers))},
@@ -68,7 +69,7 @@ func (a *Accelerator) agreeOnSettings() error {
 		return fmt.Errorf("accel: %w", err)
 	}
 	a.settingsAgreed = true
-	return nil
+	return a.alignTimeline()
 }
 
 // activity is the first line of every comparison of settings: what the rank is doing. A rank that loads a

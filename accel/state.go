@@ -161,6 +161,7 @@ func WithCheckpointLimit(n int) Option { return func(c *config) { c.checkpointLi
 // then be on a filesystem every process sees (docs/sharding.md); if one of them fails, the save fails on
 // every process and no checkpoint appears.
 func (a *Accelerator) SaveState(dir string) (string, error) {
+	defer a.timeline.span("save checkpoint", a.timeline.now())
 	if err := a.checkOpen(); err != nil {
 		return "", err
 	}

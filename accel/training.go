@@ -65,6 +65,9 @@ func (a *Accelerator) PrepareDataLoader(source prepare.Source, opts ...prepare.L
 	if a.cfg.splitBatches {
 		opts = append(opts, prepare.SplitBatches())
 	}
+	if a.timeline != nil {
+		source = a.rt.ObserveSource(source)
+	}
 	l, err := prepare.NewDataLoader(a.rt, source, opts...)
 	if err != nil {
 		return nil, err

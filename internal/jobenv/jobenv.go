@@ -10,6 +10,10 @@ import "fmt"
 // TORCHELASTIC_RESTART_COUNT. goaccel programs read it as accel.Accelerator.RestartCount.
 const RestartCount = "GOACCEL_RESTART_COUNT"
 
+// Timeline names the file a job's timeline is written to (accel.WithTimeline): `accel launch --timeline
+// PATH` sets it for every process of the job.
+const Timeline = "GOACCEL_TIMELINE"
+
 // ReportLinePrefix starts every line of a rank's hang report on its standard error: what it is doing and
 // its goroutines' stacks. The launcher keeps these lines in the rank's log, off the terminal.
 const ReportLinePrefix = "goaccel-report: "
