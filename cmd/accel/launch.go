@@ -56,6 +56,9 @@ func (a *app) launch(args []string) int {
 		launch.RestartCountEnvVar)
 	timeout := fs.Duration("timeout", 0, "stop the job once it has run for `DURATION` (0: no limit), after a hang report "+
 		"of what each rank is doing; exits with code 124. kill -USR1 asks for the report of a running job")
+	timeline := fs.String("timeline", "", "record the job's timeline into `FILE`, a trace for Perfetto or chrome://tracing: "+
+		"each process's micro-batches, gradient all-reduces, optimizer steps, loading and checkpoints (sets "+
+		"GOACCEL_TIMELINE for every process)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: accel launch [-n N] [--hosts NAME:SLOTS,...] [flags] [--] PROGRAM [ARGS...]\n"+
 			"       accel launch --check [--hosts NAME:SLOTS,...] [flags] [-- PROGRAM [ARGS...]]\n\n"+
@@ -131,6 +134,7 @@ func (a *app) launch(args []string) int {
 		launch.WithMPIRunArgs(mpirunArgs...),
 		launch.WithStdio(a.stdin, a.stdout, a.stderr),
 		launch.WithMaxRestarts(*maxRestarts),
+		launch.WithTimeline(*timeline),
 		launch.WithRestartNotice(func(r launch.Restart) {
 			restarts = r.Count
 			fmt.Fprintf(a.stderr, "accel launch: %s\n", r)

@@ -60,6 +60,11 @@ func TestCommandLine(t *testing.T) {
 			wantStdout: "mpirun -np 8 --hostfile hosts --bind-to none -x GOMLX_BACKEND -x NCCL_DEBUG ./train\n",
 		},
 		{
+			name:       "timeline",
+			args:       []string{"launch", "-n", "2", "--timeline", "/tmp/job.json", "--dry-run", "./train"},
+			wantStdout: "mpirun -np 2 --bind-to none -x GOACCEL_TIMELINE -x GOMLX_BACKEND ./train\n",
+		},
+		{
 			name:       "another launcher",
 			args:       []string{"launch", "--mpirun", "/opt/ompi/bin/mpirun", "--dry-run", "./train"},
 			wantStdout: "/opt/ompi/bin/mpirun -np 1 --bind-to none -x GOMLX_BACKEND ./train\n",

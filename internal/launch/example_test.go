@@ -180,3 +180,14 @@ func ExampleHangSummary() {
 	// ranks 0, 2, 3 wait in all-reduce #118 (float32[2097152], 8.0 MiB) for 92 s
 	// rank 1 did not answer (stopped or busy in native code); has not arrived at all-reduce #118, where ranks 0, 2, 3 wait
 }
+
+// WithTimeline sets GOACCEL_TIMELINE for every process, and passes it to those on other hosts.
+func ExampleWithTimeline() {
+	argv, err := launch.Argv(2, "./train", nil, append(pinnedMachine, launch.WithTimeline("/tmp/job.json"))...)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(launch.String(argv))
+	// Output: mpirun -np 2 --bind-to none -x GOACCEL_TIMELINE -x GOMLX_BACKEND ./train
+}

@@ -121,6 +121,8 @@ type config struct {
 	// hangOut and jobTimeout: see WithHangReports and WithJobTimeout.
 	hangOut    *Output
 	jobTimeout time.Duration
+	// timeline: see WithTimeline.
+	timeline string
 }
 
 // WithMPIRun names the launcher program (default "mpirun", looked up on PATH), for example "mpiexec" or
@@ -187,6 +189,7 @@ func newConfig(opts []Option) *config {
 	if c.environ == nil {
 		c.environ = os.Environ()
 	}
+	c.addTimeline()
 	c.assignForwarded()
 	return c
 }
