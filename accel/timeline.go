@@ -47,8 +47,11 @@ type timeline struct {
 	// paused: the timeline's own collectives (aligning the clocks, gathering the events) are not recorded.
 	paused atomic.Bool
 
-	mu      sync.Mutex
-	events  []timelineEvent
+	mu sync.Mutex
+	// chunks hold the events, timelineChunk to a chunk: a full chunk is never copied, so recording an event
+	// costs the same however many came before.
+	chunks  [][]timelineEvent
+	events  int
 	dropped int64
 	// clocks are the alignments of this process's clock to the main process's, measured on the first
 	// Backward and at Close.
@@ -87,12 +90,21 @@ func (t *timeline) now() int64 {
 
 func (t *timeline) since(at time.Time) int64 { return int64(at.Sub(t.epoch)) }
 
+// timelineChunk is the number of events a chunk holds.
+const timelineChunk = 4096
+
 func (t *timeline) add(e timelineEvent) {
 	t.mu.Lock()
-	if len(t.events) < maxTimelineEvents {
-		t.events = append(t.events, e)
-	} else {
+	switch {
+	case t.events >= maxTimelineEvents:
 		t.dropped++
+	default:
+		if n := len(t.chunks); n == 0 || len(t.chunks[n-1]) == timelineChunk {
+			t.chunks = append(t.chunks, make([]timelineEvent, 0, timelineChunk))
+		}
+		last := &t.chunks[len(t.chunks)-1]
+		*last = append(*last, e)
+		t.events++
 	}
 	t.mu.Unlock()
 }
@@ -203,7 +215,7 @@ const (
 // file is this process's events as a trace, on the main process's clock, in microseconds.
 func (t *timeline) file() traceevent.File {
 	t.mu.Lock()
-	events := slices.Clone(t.events)
+	events := slices.Concat(t.chunks...)
 	dropped := t.dropped
 	t.mu.Unlock()
 	pid := t.rank

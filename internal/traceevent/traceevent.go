@@ -164,8 +164,10 @@ func WriteAtomically(path string, data []byte) error {
 		return fmt.Errorf("traceevent: %w", err)
 	}
 	_, werr := tmp.Write(data)
+	// A temporary file is private (0600); the file it becomes is an ordinary one, readable by others.
+	merr := tmp.Chmod(0o644)
 	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
+	if err := errors.Join(werr, merr, cerr); err != nil {
 		_ = os.Remove(tmp.Name())
 		return fmt.Errorf("traceevent: writing %s: %w", path, err)
 	}
