@@ -2,6 +2,7 @@ package prepare
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,12 +19,69 @@ import (
 // optimizerStateCopies is how many copies of the parameters an optimizer may keep: Adam keeps two moments.
 const optimizerStateCopies = 2
 
+// ErrOutOfMemory matches (errors.Is) a refusal to build a model whose training step would not fit in the
+// memory of a process: Materialize, and so the first Backward, return a *MemoryError wrapping it before
+// anything is allocated. A program can then retry with a smaller batch (accel.FindExecutableBatchSize does).
+var ErrOutOfMemory = errors.New("out of memory")
+
+// MemoryError is the refusal of a model whose estimated need is more than a process has. Every process
+// returns it together (the check is collective), describing the first process that lacks memory, and holds
+// every process's estimate so that Fits can tell which smaller batch would pass.
+type MemoryError struct {
+	// Rank is the first process that lacks memory; Batch the micro-batch size the estimate is for.
+	Rank, Batch int
+	// Need, State and Activations estimate that process's need in bytes: State for the variables,
+	// gradient accumulators and optimizer state, Activations for one micro-batch's intermediate values;
+	// Available is the memory it has.
+	Need, State, Activations, Available float64
+
+	who, where string
+	params     float64
+	ranks      []memoryNeed
+}
+
+// memoryNeed is one process's estimate, as the processes exchange it.
+type memoryNeed struct {
+	state, activations, available float64 // available < 0: unknown
+}
+
+func (e *MemoryError) Error() string {
+	return fmt.Sprintf("prepare: the model needs about %s%s — %s for its parameters (%s), gradient "+
+		"accumulators and optimizer state, and %s for the activations and gradients of one micro-batch of %d "+
+		"examples — more than the %s of memory available %s: use a smaller batch per process (or more processes, or "+
+		"gradient accumulation), or a smaller model", byteSize(e.Need), e.who, byteSize(e.State),
+		byteSize(e.params), byteSize(e.Activations), e.Batch, byteSize(e.Available), e.where)
+}
+
+// Unwrap makes the refusal match ErrOutOfMemory.
+func (e *MemoryError) Unwrap() error { return ErrOutOfMemory }
+
+// Fits reports whether a micro-batch of batch examples would pass the check on every process, taking the
+// activations as proportional to the batch. They are not quite — a part of them (the parameters'
+// gradients) does not shrink with it — so a batch Fits accepts may still be refused, but a batch it
+// refuses would be: it is safe to skip without trying.
+func (e *MemoryError) Fits(batch int) bool {
+	if batch < 1 || e.Batch < 1 {
+		return false
+	}
+	for _, r := range e.ranks {
+		if r.available >= 0 && r.state+r.activations*float64(batch)/float64(e.Batch) > r.available {
+			return false
+		}
+	}
+	return true
+}
+
 // checkMemory estimates the memory the model holds once its variables are initialised — every variable
 // the probe created (parameters and gradient accumulators), plus up to optimizerStateCopies copies of the
 // parameters for each optimizer — and refuses a model that does not fit in the memory this machine has
-// available, counting the limits of its cgroups and sharing it with the job's other processes on this
-// machine. Initialising it anyway ends the process with Go's "fatal error: out of memory", which no
-// error handling can catch. Where the available memory is unknown, it checks nothing.
+// available, counting the limits of its cgroups and the runtime's MemoryLimit, and sharing it with the job's
+// other processes on this machine. Initialising it anyway ends the process with Go's "fatal error: out of
+// memory", which no error handling can catch. Where the available memory is unknown, it checks nothing.
+//
+// The processes exchange their estimates, so that all refuse together: one refusing alone would leave the
+// others waiting in Materialize's next collective (a process on another machine, or with another limit,
+// may have less memory).
 func (m *Model) checkMemory() error {
 	var vars, params float64
 	for v := range m.ctx.IterVariables() {
@@ -34,25 +92,59 @@ func (m *Model) checkMemory() error {
 		}
 	}
 	state := vars + float64(len(m.onMaterialize)*optimizerStateCopies)*params
-	need := state + m.activationBytes
 	sharing := processesSharingMemory(m.rt.Comm)
 	available, ok := availableMemory("/", sharing)
-	if !ok || need <= float64(available) {
-		return nil
+	if limit := m.rt.MemoryLimit; limit > 0 && (!ok || uint64(limit) < available) {
+		available, ok = uint64(limit), true
 	}
-	where := "on this machine"
-	if sharing > 1 {
-		where = fmt.Sprintf("to each of the %d processes on this machine", sharing)
+	mine := memoryNeed{state: state, activations: m.activationBytes, available: -1}
+	if ok {
+		mine.available = float64(available)
+	}
+	ranks, err := exchangeMemoryNeeds(m.rt.Comm, mine)
+	if err != nil {
+		return fmt.Errorf("prepare: comparing the processes' memory: %w", err)
 	}
 	batch := 0
 	if len(m.firstInputs) > 0 && m.firstInputs[0].Rank() > 0 {
 		batch = m.firstInputs[0].Dimensions[0]
 	}
-	return fmt.Errorf("prepare: the model needs about %s — %s for its parameters (%s), gradient accumulators and "+
-		"optimizer state, and %s for the activations and gradients of one micro-batch of %d examples — more than "+
-		"the %s of memory available %s: use a smaller batch per process (or more processes, or "+
-		"gradient accumulation), or a smaller model", byteSize(need), byteSize(state), byteSize(params),
-		byteSize(m.activationBytes), batch, byteSize(float64(available)), where)
+	for rank, r := range ranks {
+		need := r.state + r.activations
+		if r.available < 0 || need <= r.available {
+			continue
+		}
+		who, where := "", "on this machine"
+		switch {
+		case rank != m.rt.Comm.Rank():
+			where = "on that process's machine"
+		case sharing > 1:
+			where = fmt.Sprintf("to each of the %d processes on this machine", sharing)
+		}
+		if len(ranks) > 1 {
+			who = fmt.Sprintf(" on process %d", rank)
+		}
+		return &MemoryError{Rank: rank, Batch: batch, Need: need, State: r.state, Activations: r.activations,
+			Available: r.available, who: who, where: where, params: params, ranks: ranks}
+	}
+	return nil
+}
+
+// exchangeMemoryNeeds gathers every process's estimate, ordered by rank.
+func exchangeMemoryNeeds(comm *backends.Communicator, mine memoryNeed) ([]memoryNeed, error) {
+	if comm.Size() == 1 {
+		return []memoryNeed{mine}, nil
+	}
+	all := make([]float64, 3*comm.Size())
+	if err := comm.AllGather(backends.BufferOf([]float64{mine.state, mine.activations, mine.available}),
+		backends.BufferOf(all)); err != nil {
+		return nil, err
+	}
+	ranks := make([]memoryNeed, comm.Size())
+	for r := range ranks {
+		ranks[r] = memoryNeed{state: all[3*r], activations: all[3*r+1], available: all[3*r+2]}
+	}
+	return ranks, nil
 }
 
 // peakLiveBytes estimates the memory a training step's intermediate values need at their peak, as the

@@ -23,6 +23,11 @@ type Runtime struct {
 	FirstBucketBytes int64
 	BucketCapBytes   int64
 
+	// MemoryLimit, when positive, is the most memory in bytes this process counts on: a model whose
+	// estimated need is more is refused (ErrOutOfMemory), as it is when the machine or a cgroup has less.
+	// It leaves room for what else runs in the process or on the machine.
+	MemoryLimit int64
+
 	// CommHook carries gradient buckets between ranks (nil: accumulate.IdentityHook), and Sharding decides
 	// which rank holds which part of the synchronised gradients (nil: accumulate.Replicated). See the
 	// reducer in package accumulate.
