@@ -53,6 +53,9 @@ type (
 	NonFinitePolicy = prepare.NonFinitePolicy
 	// NonFiniteError is what Step returns under NonFiniteFail.
 	NonFiniteError = prepare.NonFiniteError
+	// MemoryError is a model refused because its training step would not fit in a process's memory; it
+	// matches ErrOutOfMemory.
+	MemoryError = prepare.MemoryError
 	// Compression is the format gradient buckets travel in between processes (WithGradientCompression).
 	Compression = accumulate.Compression
 	// SizedSchedule is a schedule sized by the job's total optimizer steps (Spec.SizedSchedule).
@@ -89,6 +92,10 @@ const (
 
 // ErrNoCheckpoint is returned by LatestCheckpoint when a directory holds no checkpoint yet.
 var ErrNoCheckpoint = checkpoint.ErrNoCheckpoint
+
+// ErrOutOfMemory matches (errors.Is) the refusal of a model whose training step would not fit in memory,
+// returned by Materialize and the first Backward before anything is allocated (FindExecutableBatchSize).
+var ErrOutOfMemory = prepare.ErrOutOfMemory
 
 // BatchSize sets the per-process batch size: one optimizer step of N processes × K micro-batches uses
 // N·K·n examples.

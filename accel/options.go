@@ -20,6 +20,7 @@ type config struct {
 	syncEachBatch     bool
 	splitBatches      bool
 	bucketCapMB       float64
+	memoryLimit       int64
 	seed              uint64
 	backend           string
 	allowDownloads    bool
@@ -78,6 +79,9 @@ func (c config) validate() error {
 	if !(c.bucketCapMB > 0) || math.IsInf(c.bucketCapMB, 0) {
 		return fmt.Errorf("accel: bucket cap must be a positive number of MB, got %g", c.bucketCapMB)
 	}
+	if c.memoryLimit < 0 {
+		return fmt.Errorf("accel: memory limit must be a number of bytes (0: none), got %d", c.memoryLimit)
+	}
 	if c.timeout < 0 {
 		return fmt.Errorf("accel: collective timeout must not be negative, got %s", c.timeout)
 	}
@@ -120,6 +124,12 @@ func WithSyncEachBatch() Option { return func(c *config) { c.syncEachBatch = tru
 // WithSplitBatches makes the batch size given to PrepareDataLoader global: each of N processes takes 1/N of
 // it (Accelerate's split_batches; see prepare.SplitBatches). By default the batch size is per process.
 func WithSplitBatches() Option { return func(c *config) { c.splitBatches = true } }
+
+// WithMemoryLimit caps the memory, in bytes, each process counts on when a model is built (0: no cap): a
+// model whose parameters, optimizer state and one micro-batch's activations are estimated to need more is
+// refused with prepare.ErrOutOfMemory, as it is when the machine or a cgroup has less. It leaves room for
+// what else the process or the machine runs; FindExecutableBatchSize then finds the batch that fits in it.
+func WithMemoryLimit(bytes int64) Option { return func(c *config) { c.memoryLimit = bytes } }
 
 // WithBucketCapMB caps the size of gradient buckets (default 25 MB, like torch DDP). With smaller buckets
 // more of a sync's device-to-host copies overlap the reduction of the buckets before them; larger ones pay
