@@ -51,6 +51,8 @@ type Accelerator struct {
 	// finds a rank that is persistently slower (stragglers.go).
 	hang       *hangReports
 	stragglers *stragglers
+	// join is the Join running, if any (see join.go).
+	join *joinState
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective

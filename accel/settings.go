@@ -30,9 +30,14 @@ func (a *Accelerator) settings() []replicas.Setting {
 		{Name: "the number of prepared data loaders", Value: fmt.Sprint(len(a.loaders))},
 	}
 	for i, l := range a.loaders {
+		batches := fmt.Sprint(l.Len())
+		if a.join != nil && !l.EvenBatches() {
+			// Join keeps processes with fewer batches in the others' steps: uneven loaders are what it is for.
+			batches = "any (uneven, inside Join)"
+		}
 		s = append(s,
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batch size per process", i), Value: fmt.Sprint(l.BatchSize())},
-			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())},
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: batches},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's number of examples", i), Value: fmt.Sprint(l.SourceLen())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())})
 	}

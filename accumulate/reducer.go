@@ -163,6 +163,20 @@ func (r *Reducer) ZeroAccumulators() error {
 	return nil
 }
 
+// SetScale replaces the factor that turns the synced sums into the gradient the optimizer applies (see
+// Scale), while they are synced and not yet applied: a mean over something else than processes, such as
+// the examples of every process's micro-batches (the Accelerator's Join).
+func (r *Reducer) SetScale(scale float64) error {
+	if !r.synced {
+		return errors.New("accumulate: the scale of synced gradients set when none are synced")
+	}
+	if !(scale >= 0) || math.IsInf(scale, 0) {
+		return fmt.Errorf("accumulate: the scale of synced gradients must be a finite number ≥ 0, got %g", scale)
+	}
+	r.scale = scale
+	return nil
+}
+
 // Dirty reports whether the accumulators may hold gradients of micro-batches since the last step.
 func (r *Reducer) Dirty() bool { return r.dirty }
 
