@@ -51,6 +51,10 @@ func (a *Accelerator) settings() []replicas.Setting {
 	return s
 }
 
+// CommHookName names the hook that carries the gradient buckets between processes: "identity", "bf16
+// compression", "fp16 compression" or PowerSGD's configuration.
+func (a *Accelerator) CommHookName() string { return a.commHookName() }
+
 // commHookName names the hook that carries the gradient buckets between ranks: another hook on one rank
 // would put buffers of another element type into the same collective (garbage, or MPI_ERR_TRUNCATE).
 func (a *Accelerator) commHookName() string {

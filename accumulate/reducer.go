@@ -489,7 +489,8 @@ func (r *Reducer) syncWith(sharding Sharding, buckets, recv []*tensors.Tensor) e
 					continue
 				}
 			}
-			p, err := r.hook.Start(r.comm, sharding, GradBucket{Index: i, Layout: layout, Buffer: buf, Shard: shard})
+			p, err := r.hook.Start(r.comm, sharding, GradBucket{Index: i, Layout: layout, Params: r.plan.Params,
+				Buffer: buf, Shard: shard})
 			if err != nil {
 				_ = waitAll()
 				return fmt.Errorf("accumulate: %s of bucket %d (%d bytes): %w", reductionName(sharding), i,
