@@ -356,6 +356,7 @@ func variableValues(vars []*context.Variable) ([]*tensors.Tensor, error) {
 // says to all-reduce the accumulators anyway (a sync-each-batch micro-batch that does not step).
 func (r *Reducer) reduce(whole bool) error {
 	send := r.emitted
+	emitted := send != nil
 	r.emitted = nil
 	if send == nil {
 		var err error
@@ -376,7 +377,16 @@ func (r *Reducer) reduce(whole bool) error {
 	if err != nil {
 		return err
 	}
-	return r.SyncInto(send, recv)
+	err = r.SyncInto(send, recv)
+	if emitted {
+		// The emitted gradients were this sync's alone: give their buffers back to the backend now (the
+		// pure-Go backend pools them for the next step) rather than leave a whole model's gradient to the
+		// garbage collector every step, which lets the heap grow to twice what is live.
+		for _, t := range send {
+			_ = t.FinalizeAll()
+		}
+	}
+	return err
 }
 
 // sync reduces the accumulators and records the factor that turns their sum into the mean.
