@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/goaccel/goaccel/backends"
+	"github.com/goaccel/goaccel/cpu"
 )
 
 // PowerSGDConfig configures the PowerSGD comm hook, as PyTorch's PowerSGDState does.
@@ -264,7 +265,7 @@ func (h *PowerSGDHook) startCompressed(comm *backends.Communicator, b GradBucket
 				m[i] += e
 			}
 		}
-		matMul(c.ps[at:at+v.n*r], m, st.q, v.n, v.m, r)
+		cpu.Gemm32(v.n, r, v.m, false, false, m, st.q, c.ps[at:at+v.n*r]) // P = M·Q
 		c.states = append(c.states, st)
 		c.inputs = append(c.inputs, m)
 		at += v.n * r
@@ -318,7 +319,7 @@ func (c *compressed) finish() error {
 	for i, v := range c.matrices {
 		p := c.ps[pAt : pAt+v.n*r]
 		orthonormalize(p, v.n, r)
-		matMulT(qs[qAt:qAt+v.m*r], c.inputs[i], p, v.n, v.m, r)
+		cpu.Gemm32(v.m, r, v.n, true, false, c.inputs[i], p, qs[qAt:qAt+v.m*r]) // Q = Mᵀ·P
 		pAt, qAt = pAt+v.n*r, qAt+v.m*r
 	}
 	if len(qs) > 0 {
@@ -332,7 +333,7 @@ func (c *compressed) finish() error {
 	for i, v := range c.matrices {
 		p, q := c.ps[pAt:pAt+v.n*r], qs[qAt:qAt+v.m*r]
 		out := c.bucket[v.offset : v.offset+v.n*v.m]
-		outerProduct(out, p, q, v.n, v.m, r)
+		cpu.Gemm32(v.n, v.m, r, false, true, p, q, out) // P·Qᵀ
 		st := c.states[i]
 		if !c.h.cfg.NoErrorFeedback {
 			// What this rank's share of the approximated sum missed of its own gradient.
@@ -352,55 +353,6 @@ func (c *compressed) finish() error {
 		at += copy(c.bucket[span[0]:span[1]], c.rest[at:])
 	}
 	return nil
-}
-
-// matMul sets p (n×r) to m (n×cols) · q (cols×r), row-major.
-func matMul(p, m, q []float32, n, cols, r int) {
-	clear(p)
-	for i := range n {
-		row := m[i*cols : (i+1)*cols]
-		pi := p[i*r : (i+1)*r]
-		for j, x := range row {
-			if x == 0 {
-				continue
-			}
-			qj := q[j*r : (j+1)*r]
-			for k := range r {
-				pi[k] += x * qj[k]
-			}
-		}
-	}
-}
-
-// matMulT sets q (cols×r) to mᵀ (cols×n) · p (n×r).
-func matMulT(q, m, p []float32, n, cols, r int) {
-	clear(q)
-	for i := range n {
-		row := m[i*cols : (i+1)*cols]
-		pi := p[i*r : (i+1)*r]
-		for j, x := range row {
-			qj := q[j*r : (j+1)*r]
-			for k := range r {
-				qj[k] += x * pi[k]
-			}
-		}
-	}
-}
-
-// outerProduct sets out (n×cols) to p (n×r) · qᵀ (r×cols).
-func outerProduct(out, p, q []float32, n, cols, r int) {
-	for i := range n {
-		pi := p[i*r : (i+1)*r]
-		row := out[i*cols : (i+1)*cols]
-		for j := range row {
-			qj := q[j*r : (j+1)*r]
-			var s float32
-			for k := range r {
-				s += pi[k] * qj[k]
-			}
-			row[j] = s
-		}
-	}
 }
 
 // orthonormalize makes p's r columns (p is n×r, row-major) orthonormal by Gram-Schmidt, in float64; a
