@@ -53,6 +53,8 @@ type Accelerator struct {
 	stragglers *stragglers
 	// timeline records the job's timeline (timeline.go); nil when off.
 	timeline *timeline
+	// join is the Join running, if any (see join.go).
+	join *joinState
 }
 
 // New starts the accelerator: it reads the topology from the launcher's environment, opens the collective
@@ -102,6 +104,12 @@ func New(opts ...Option) (*Accelerator, error) {
 	if cfg.compression != accumulate.NoCompression {
 		if a.rt.CommHook, err = accumulate.NewCompressionHook(cfg.compression); err != nil {
 			err = fmt.Errorf("accel: %w", err)
+			a.closeAfterNew(err)
+			return nil, err
+		}
+	}
+	if cfg.powerSGD != nil {
+		if err := a.usePowerSGD(*cfg.powerSGD); err != nil {
 			a.closeAfterNew(err)
 			return nil, err
 		}
@@ -319,6 +327,9 @@ type Stats struct {
 	// StepMedian and StepP95 are this rank's optimizer step time, median and 95th percentile: its own
 	// share of a step, less its waits for the other ranks (see RankTiming; RankTimings has every rank's).
 	StepMedian, StepP95 time.Duration
+	// CommHook is what the hook that carries the gradient buckets sent, for a hook that counts it
+	// (PowerSGD: its compression ratio).
+	CommHook accumulate.HookStats
 	// Sharding names the strategy the models' state is split with ("replicated" on one process, whatever
 	// WithSharding asked for), and OptimizerStateBytes is the size of the optimizer state this process
 	// holds: 1/N of the replicated size under a strategy that splits buckets.
@@ -331,6 +342,9 @@ func (a *Accelerator) Stats() Stats {
 	s := Stats{Collectives: a.comm.Stats(), Sharding: a.rt.Sharding.Name()}
 	if a.WorldSize() == 1 {
 		s.Sharding = accumulate.Replicated{}.Name()
+	}
+	if h, ok := a.rt.CommHook.(accumulate.StatsReporter); ok {
+		s.CommHook = h.Stats()
 	}
 	t := a.rankTiming()
 	s.StepMedian, s.StepP95 = t.StepMedian, t.StepP95

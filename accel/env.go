@@ -37,6 +37,10 @@ var envSettings = []envSetting{
 		format, err := accumulate.ParseCompression(v)
 		return WithGradientCompression(format), err
 	}},
+	{PowerSGDEnvVar, func(v string) (Option, error) {
+		cfg, err := parsePowerSGD(v)
+		return WithPowerSGD(cfg), err
+	}},
 	{ShardingEnvVar, func(v string) (Option, error) {
 		s, err := accumulate.ParseSharding(v)
 		return WithSharding(s), err
@@ -151,6 +155,8 @@ type Configuration struct {
 	GradientCompression accumulate.Compression
 	// Sharding is the sharding strategy asked for (on one process the job runs replicated).
 	Sharding accumulate.Sharding
+	// PowerSGD is the PowerSGD configuration asked for (nil: none).
+	PowerSGD *accumulate.PowerSGDConfig
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -167,7 +173,7 @@ func Resolve(opts ...Option) (Configuration, error) {
 	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
-		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault()}, nil
+		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(), PowerSGD: cfg.powerSGD}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.
@@ -175,4 +181,21 @@ func (c config) computeConfig(topo backends.Topology) cpu.Config {
 	return cpu.Config{Backend: c.backend, BackendSource: c.backendSource, AllowDownloads: c.allowDownloads,
 		LocalRank: topo.LocalRank, LocalSize: topo.LocalSize, Threads: c.computeThreads, Gradients: c.gradients,
 		Matmul: c.matmul, Convolutions: c.convolutions, VisibleDevices: c.visibleDevices}
+}
+
+// parsePowerSGD reads GOACCEL_POWERSGD: RANK or RANK:START.
+func parsePowerSGD(v string) (accumulate.PowerSGDConfig, error) {
+	rank, start, hasStart := strings.Cut(strings.TrimSpace(v), ":")
+	var cfg accumulate.PowerSGDConfig
+	var err error
+	if cfg.Rank, err = strconv.Atoi(rank); err != nil || cfg.Rank < 1 {
+		return cfg, fmt.Errorf("want RANK or RANK:START with a positive rank, got %q", v)
+	}
+	cfg.StartIter = 1000
+	if hasStart {
+		if cfg.StartIter, err = strconv.Atoi(start); err != nil || cfg.StartIter < 0 {
+			return cfg, fmt.Errorf("want RANK:START with a start iteration ≥ 0, got %q", v)
+		}
+	}
+	return cfg, nil
 }

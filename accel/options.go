@@ -1,6 +1,7 @@
 package accel
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/prepare"
+	"github.com/goaccel/goaccel/userstate"
 )
 
 // Option configures an Accelerator.
@@ -33,6 +35,7 @@ type config struct {
 	checkpointDir     string
 	compression       accumulate.Compression
 	sharding          accumulate.Sharding
+	powerSGD          *accumulate.PowerSGDConfig
 	bufferSync        prepare.BufferSync
 	out               io.Writer
 	trackers          []Tracker
@@ -58,6 +61,10 @@ const CheckReplicasEnvVar = "GOACCEL_CHECK_REPLICAS"
 // GradientCompressionEnvVar sets the format gradients travel in (see WithGradientCompression): bf16, fp16 or
 // none (read with the other variables by OptionsFromEnv).
 const GradientCompressionEnvVar = "GOACCEL_GRADIENT_COMPRESSION"
+
+// PowerSGDEnvVar turns on the PowerSGD comm hook (see WithPowerSGD): RANK or RANK:START, such as 4:100
+// (read with the other variables by OptionsFromEnv).
+const PowerSGDEnvVar = "GOACCEL_POWERSGD"
 
 // ShardingEnvVar sets the sharding strategy (see WithSharding): replicated, optimizer or gradients (read
 // with the other variables by OptionsFromEnv).
@@ -99,6 +106,21 @@ func (c config) validate() error {
 	if c.sharding != nil {
 		if _, err := accumulate.ParseSharding(c.sharding.Name()); err != nil {
 			return fmt.Errorf("accel: sharding must be accel.Replicated, ShardOptimizer or ShardGradients: %w", err)
+		}
+	}
+	if c.powerSGD != nil {
+		switch {
+		case c.compression != accumulate.NoCompression:
+			return fmt.Errorf("accel: PowerSGD and %s compression are two comm hooks; choose one", c.compression)
+		case c.sharding != nil && c.sharding.Stage() > 0:
+			return fmt.Errorf("accel: PowerSGD all-reduces each bucket's factors whole; it cannot run under the %s "+
+				"sharding strategy", c.sharding.Name())
+		case c.syncEachBatch:
+			return errors.New("accel: PowerSGD compresses the syncs an optimizer step follows; it does not run with " +
+				"sync-each-batch")
+		}
+		if _, err := accumulate.NewPowerSGDHook(*c.powerSGD); err != nil {
+			return fmt.Errorf("accel: %w", err)
 		}
 	}
 	if !c.compression.Valid() {
@@ -145,6 +167,18 @@ func WithBucketCapMB(mb float64) Option { return func(c *config) { c.bucketCapMB
 // every rank must use the same format (the ranks compare it on the first Backward).
 func WithGradientCompression(format accumulate.Compression) Option {
 	return func(c *config) { c.compression = format }
+}
+
+// WithPowerSGD sends gradient matrices between processes as PowerSGD's rank-r factors (PyTorch's
+// powerSGD_hook; see accumulate.PowerSGDHook): with error feedback and warm start by default, vectors and
+// small matrices uncompressed, and the first cfg.StartIter syncs in full (PyTorch's default 1000; 0
+// compresses from the first). The synced gradient is then an approximation of the mean, a much smaller
+// one on the wire: what slow links need (docs/powersgd.md). Its state (each process's error feedback, the
+// shared Qs) is saved in checkpoints and resumes exactly; on another number of processes the errors start
+// at zero. It does nothing on one process, and is refused with gradient compression, a sharding strategy
+// or sync-each-batch. GOACCEL_POWERSGD=RANK[:START] sets it too.
+func WithPowerSGD(cfg accumulate.PowerSGDConfig) Option {
+	return func(c *config) { c.powerSGD = &cfg }
 }
 
 // Sharding strategies (WithSharding).
@@ -260,4 +294,20 @@ func (c config) shardingOrDefault() accumulate.Sharding {
 		return accumulate.Replicated{}
 	}
 	return c.sharding
+}
+
+// powerSGDStateName is the name the PowerSGD hook's state has among a checkpoint's registered values.
+const powerSGDStateName = "goaccel/powersgd"
+
+// usePowerSGD installs the PowerSGD hook and registers its state for checkpoints: each process's own (the
+// error feedback), resized onto another number of processes with zero errors, and optional, so that a run
+// that turns PowerSGD on can resume a checkpoint saved without it.
+func (a *Accelerator) usePowerSGD(cfg accumulate.PowerSGDConfig) error {
+	hook, err := accumulate.NewPowerSGDHook(cfg)
+	if err != nil {
+		return fmt.Errorf("accel: %w", err)
+	}
+	a.rt.CommHook = hook
+	return a.userState.Register(powerSGDStateName, hook, userstate.PerRank(), userstate.Resize(hook.ResizeState),
+		userstate.Optional())
 }

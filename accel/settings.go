@@ -31,9 +31,14 @@ func (a *Accelerator) settings() []replicas.Setting {
 		{Name: "the number of prepared data loaders", Value: fmt.Sprint(len(a.loaders))},
 	}
 	for i, l := range a.loaders {
+		batches := fmt.Sprint(l.Len())
+		if a.join != nil && !l.EvenBatches() {
+			// Join keeps processes with fewer batches in the others' steps: uneven loaders are what it is for.
+			batches = "any (uneven, inside Join)"
+		}
 		s = append(s,
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's batch size per process", i), Value: fmt.Sprint(l.BatchSize())},
-			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: fmt.Sprint(l.Len())},
+			replicas.Setting{Name: fmt.Sprintf("data loader %d's batches per epoch", i), Value: batches},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's number of examples", i), Value: fmt.Sprint(l.SourceLen())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d's place in checkpoints", i), Value: fmt.Sprint(l.Checkpointed())},
 			replicas.Setting{Name: fmt.Sprintf("data loader %d dispatched from rank 0 (accel.DispatchBatches)", i),
@@ -48,6 +53,10 @@ func (a *Accelerator) settings() []replicas.Setting {
 	}
 	return s
 }
+
+// CommHookName names the hook that carries the gradient buckets between processes: "identity", "bf16
+// compression", "fp16 compression" or PowerSGD's configuration.
+func (a *Accelerator) CommHookName() string { return a.commHookName() }
 
 // commHookName names the hook that carries the gradient buckets between ranks: another hook on one rank
 // would put buffers of another element type into the same collective (garbage, or MPI_ERR_TRUNCATE).

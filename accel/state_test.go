@@ -117,16 +117,22 @@ func loadChangesNothingOnRefusal(t testing.TB, acc *accel.Accelerator, r resumab
 
 // TestResumeIsBitwiseExact: training E epochs straight through and training, checkpointing mid-epoch and
 // mid-accumulation-cycle, then resuming in a fresh accelerator, end with bitwise-identical weights: replicated,
-// and under either sharding strategy (Adam's moments in the processes' blocks, and under ShardGradients
-// the accumulators made for the cycle).
+// under either sharding strategy (Adam's moments in the processes' blocks, and under ShardGradients the
+// accumulators made for the cycle), and with PowerSGD (its error feedback and Qs).
 func TestResumeIsBitwiseExact(t *testing.T) {
 	const k, b, epochs = 3, 2, 2
 	for _, tc := range []struct {
 		ranks    int
 		sharding accumulate.Sharding
-	}{{1, accel.Replicated}, {2, accel.Replicated}, {2, accel.ShardOptimizer}, {2, accel.ShardGradients}} {
+		powerSGD bool
+	}{{1, accel.Replicated, false}, {2, accel.Replicated, false}, {2, accel.ShardOptimizer, false},
+		{2, accel.ShardGradients, false}, {2, accel.Replicated, true}} {
 		ranks := tc.ranks
-		t.Run(fmt.Sprintf("ranks=%d/%s", ranks, tc.sharding.Name()), func(t *testing.T) {
+		name := fmt.Sprintf("ranks=%d/%s", ranks, tc.sharding.Name())
+		if tc.powerSGD {
+			name += "/powersgd"
+		}
+		t.Run(name, func(t *testing.T) {
 			n := ranks * b * 11 // 11 micro-batches per epoch: not a multiple of K
 			stopAfter := 11 + 5 // epoch 1, micro-batch 5: one into a cycle
 			require.NotZero(t, stopAfter%k)
@@ -134,6 +140,10 @@ func TestResumeIsBitwiseExact(t *testing.T) {
 			straight := make([][32]byte, ranks)
 			resumed := make([][32]byte, ranks)
 			opts := []accel.Option{accel.WithGradientAccumulationSteps(k), accel.WithSeed(7), accel.WithSharding(tc.sharding)}
+			if tc.powerSGD {
+				// Compressed from the second sync on: the checkpoint holds error feedback and Qs.
+				opts = append(opts, accel.WithPowerSGD(accumulate.PowerSGDConfig{Rank: 1, StartIter: 1}))
+			}
 
 			runRanks(t, ranks, opts, func(rank int, acc *accel.Accelerator) error {
 				r := prepareResumable(t, acc, n, b, 1)

@@ -141,8 +141,19 @@ func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts .
 		opt(&cfg)
 	}
 	scale := a.state.MicroBatchScale() * cfg.lossScale
+	afterSync := func() error { return nil }
+	if a.join != nil && a.join.model == model {
+		var err error
+		if scale, afterSync, err = a.joinBackward(batch, cfg.lossScale); err != nil {
+			return 0, err
+		}
+	}
 	if cfg.outputs == nil && cfg.metrics == nil && cfg.dataLoss == nil {
-		return model.Backward(batch, scale)
+		loss, err := model.Backward(batch, scale)
+		if err != nil {
+			return loss, err
+		}
+		return loss, afterSync()
 	}
 	var res prepare.BackwardResult
 	var err error
@@ -160,7 +171,10 @@ func (a *Accelerator) Backward(model *prepare.Model, batch prepare.Batch, opts .
 	if cfg.metrics != nil {
 		*cfg.metrics = res.Metrics
 	}
-	return res.Loss, err
+	if err != nil {
+		return res.Loss, err
+	}
+	return res.Loss, afterSync()
 }
 
 // checkBatch refuses nil tensors in a batch, which the model would otherwise dereference.

@@ -18,6 +18,8 @@ type Waiter interface {
 type GradBucket struct {
 	Index  int
 	Layout Bucket
+	// Params are the plan's parameters, which Layout's slots index (their names and shapes).
+	Params []Param
 	// Buffer is the bucket this rank sends, laid out Sharding.Padded long.
 	Buffer backends.Buffer
 	// Shard is where this rank's synchronised block lands: Buffer itself when the strategy does not split

@@ -163,6 +163,20 @@ func (r *Reducer) ZeroAccumulators() error {
 	return nil
 }
 
+// SetScale replaces the factor that turns the synced sums into the gradient the optimizer applies (see
+// Scale), while they are synced and not yet applied: a mean over something else than processes, such as
+// the examples of every process's micro-batches (the Accelerator's Join).
+func (r *Reducer) SetScale(scale float64) error {
+	if !r.synced {
+		return errors.New("accumulate: the scale of synced gradients set when none are synced")
+	}
+	if !(scale >= 0) || math.IsInf(scale, 0) {
+		return fmt.Errorf("accumulate: the scale of synced gradients must be a finite number ≥ 0, got %g", scale)
+	}
+	r.scale = scale
+	return nil
+}
+
 // Dirty reports whether the accumulators may hold gradients of micro-batches since the last step.
 func (r *Reducer) Dirty() bool { return r.dirty }
 
@@ -342,6 +356,7 @@ func variableValues(vars []*context.Variable) ([]*tensors.Tensor, error) {
 // says to all-reduce the accumulators anyway (a sync-each-batch micro-batch that does not step).
 func (r *Reducer) reduce(whole bool) error {
 	send := r.emitted
+	emitted := send != nil
 	r.emitted = nil
 	if send == nil {
 		var err error
@@ -362,7 +377,16 @@ func (r *Reducer) reduce(whole bool) error {
 	if err != nil {
 		return err
 	}
-	return r.SyncInto(send, recv)
+	err = r.SyncInto(send, recv)
+	if emitted {
+		// The emitted gradients were this sync's alone: give their buffers back to the backend now (the
+		// pure-Go backend pools them for the next step) rather than leave a whole model's gradient to the
+		// garbage collector every step, which lets the heap grow to twice what is live.
+		for _, t := range send {
+			_ = t.FinalizeAll()
+		}
+	}
+	return err
 }
 
 // sync reduces the accumulators and records the factor that turns their sum into the mean.
@@ -476,7 +500,8 @@ func (r *Reducer) syncWith(sharding Sharding, buckets, recv []*tensors.Tensor) e
 				}
 			}
 			r.comm.SetNextLabel(backends.BucketLabel(i, int64(layout.Bytes())))
-			p, err := r.hook.Start(r.comm, sharding, GradBucket{Index: i, Layout: layout, Buffer: buf, Shard: shard})
+			p, err := r.hook.Start(r.comm, sharding, GradBucket{Index: i, Layout: layout, Params: r.plan.Params,
+				Buffer: buf, Shard: shard})
 			if err != nil {
 				_ = waitAll()
 				return fmt.Errorf("accumulate: %s of bucket %d (%d bytes): %w", reductionName(sharding), i,

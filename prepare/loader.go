@@ -68,6 +68,9 @@ func SplitBatches() LoaderOption { return func(c *loaderConfig) { c.split = true
 // does not matter for resuming training.
 func SkipCheckpoint() LoaderOption { return func(c *loaderConfig) { c.noCheckpoint = true } }
 
+// EvenBatches reports whether every process yields as many batches per epoch (EvenBatches, the default).
+func (l *DataLoader) EvenBatches() bool { return l.cfg.evenBatches }
+
 // Checkpointed reports whether checkpoints record the loader's position (see SkipCheckpoint).
 func (l *DataLoader) Checkpointed() bool { return !l.cfg.noCheckpoint }
 

@@ -748,3 +748,20 @@ func FromTrainModelFn(fn train.ModelFn, spec any) ModelFn {
 // Sharding is the strategy the model's gradients and optimizer state are split with (Replicated on one
 // process; nil before the model is built).
 func (m *Model) Sharding() accumulate.Sharding { return m.sharding }
+
+// ZeroBatch is a batch of zeros shaped as the one the model was built with: what a process that has no
+// batch of its own runs the model on when it must take part in a step with zero weight (the Accelerator's
+// Join).
+func (m *Model) ZeroBatch() (Batch, error) {
+	if !m.materialized {
+		return Batch{}, errors.New("prepare: the model has no shapes yet: run Backward or Materialize first")
+	}
+	var b Batch
+	for _, s := range m.firstInputs {
+		b.Inputs = append(b.Inputs, tensors.FromShape(s))
+	}
+	for _, s := range m.firstLabels {
+		b.Labels = append(b.Labels, tensors.FromShape(s))
+	}
+	return b, nil
+}

@@ -62,6 +62,10 @@ type summary struct {
 	// this process held (1/N of the replicated size under optimizer or gradients sharding).
 	Sharding            string `json:"sharding"`
 	OptimizerStateBytes int64  `json:"optimizer_state_bytes"`
+	// CommHook names what carried the gradients ("identity", "bf16 compression", "powersgd(…)"), and
+	// CompressionRatio is what a plain all-reduce would have sent over what was sent (PowerSGD; 1 otherwise).
+	CommHook         string  `json:"comm_hook"`
+	CompressionRatio float64 `json:"compression_ratio"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -93,6 +97,8 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		Seconds:                  seconds(elapsed),
 		Sharding:                 stats.Sharding,
 		OptimizerStateBytes:      stats.OptimizerStateBytes,
+		CommHook:                 acc.CommHookName(),
+		CompressionRatio:         math.Round(stats.CommHook.Ratio()*1000) / 1000,
 	}
 }
 

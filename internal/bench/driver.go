@@ -37,6 +37,8 @@ type results struct {
 	NetworkSkipped string `json:",omitempty"`
 	// NetworkSync is what a network rank job measured (its results land in Network).
 	NetworkSync []networkSyncResult `json:",omitempty"`
+	// Sharding is the ZeRO section: each strategy's memory and step time (a sharding rank job returns one).
+	Sharding []shardingResult `json:",omitempty"`
 }
 
 // rankJob is what the driver hands the ranks of one mpirun job.
@@ -44,6 +46,8 @@ type rankJob struct {
 	Plan plan
 	// Network, when set, makes the job measure section 6's gradient syncs instead of sections 1, 2 and 3.
 	Network *networkSyncJob `json:",omitempty"`
+	// Sharding, when set, makes the job train under one sharding strategy instead (on 1 process too).
+	Sharding *shardingJob `json:",omitempty"`
 }
 
 // driver runs the benchmarks: the multi-process measurements as mpirun jobs of exe, the rest in this
@@ -113,6 +117,9 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 		return nil, err
 	}
 	if res.Network, res.NetworkSkipped, err = d.measureNetwork(ctx); err != nil {
+		return nil, err
+	}
+	if res.Sharding, err = d.measureSharding(ctx); err != nil {
 		return nil, err
 	}
 	res.Finished = time.Now()
@@ -243,6 +250,10 @@ func runRankJob(arg string, stdout, w io.Writer) (err error) {
 	var job rankJob
 	if err := json.Unmarshal([]byte(arg), &job); err != nil {
 		return fmt.Errorf("bench: -%s: %w", rankJobFlag, err)
+	}
+	if job.Sharding != nil {
+		// Before anything else opens MPI: the Accelerator opens it, as in a training program.
+		return runShardingRank(*job.Sharding, stdout, w)
 	}
 	topo, err := backends.DetectTopology()
 	if err != nil {

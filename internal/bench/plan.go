@@ -38,6 +38,7 @@ type plan struct {
 	PureGoCNN   pureGoPlan
 	Demo        demoPlan
 	Network     networkPlan
+	Sharding    shardingPlan
 
 	// JobTimeout bounds each mpirun job and each child process.
 	JobTimeout time.Duration
@@ -121,6 +122,7 @@ func fullPlan() plan {
 			Seed: 42, LR: 0.002},
 		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
 		Network:    networkJob(),
+		Sharding:   shardingJob53M(),
 		JobTimeout: 10 * time.Minute,
 	}
 }
@@ -184,8 +186,10 @@ func quickPlan() plan {
 			LR: 0.002, Seed: 42, Limit: 256},
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 256,
 			Seed: 42, LR: 0.002},
-		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
-		Network:    quickNetwork(),
+		Demo:    demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
+		Network: quickNetwork(),
+		Sharding: shardingPlan{Config: trainConfig{Name: "mlp", Model: small, Batch: 4, K: 1}, Procs: []int{1, 2},
+			Strategies: shardingStrategies(), Rounds: 1, Warmup: 1, Steps: 2},
 		JobTimeout: 3 * time.Minute,
 	}
 }
@@ -216,6 +220,21 @@ var sections = map[string]func(*plan){
 	"demo": func(p *plan) { p.Demo.Runs = 0 },
 	// Section 6: end to end and syncs across hosts, at several link rates.
 	"network": func(p *plan) { p.Network.Rates = nil },
+	// ZeRO: optimizer state, peak memory and step time under each sharding strategy.
+	"sharding": func(p *plan) { p.Sharding.Rounds = 0 },
+}
+
+// shardingStrategies are the strategies the sharding section compares, the reference first.
+func shardingStrategies() []string { return []string{"replicated", "optimizer", "gradients"} }
+
+// shardingJob53M is the sharding section as `make bench` runs it: an MLP of 53.6 million float32
+// parameters (214 MB; Adam's moments twice that), big enough that the training state, not the Go runtime
+// or the compiled graphs, decides a process's memory; a small batch, so that activations do not. Each of
+// the 7 configurations runs twice, about ten minutes on a two-core machine.
+func shardingJob53M() shardingPlan {
+	return shardingPlan{Config: trainConfig{Name: "mlp-53M", Batch: 8, K: 1,
+		Model: mlp{Inputs: 784, Hidden: []int{4096, 4096, 4096, 4096}, Classes: 10}},
+		Procs: []int{1, 2, 4}, Strategies: shardingStrategies(), Rounds: 2, Warmup: 3, Steps: 10}
 }
 
 // withRounds is a transformer job run rounds times on each process count.

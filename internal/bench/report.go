@@ -52,7 +52,7 @@ const methodDoc = "benchmarks-method.md"
 func report(res *results) string {
 	r := &reporter{res: res}
 	for _, section := range []func(){r.header, r.summary, r.endToEnd, r.transformer, r.resNet, r.pureGo, r.demo, r.compute, r.allReduce, r.bucketing,
-		r.accumulation, r.overhead, r.overlap, r.network} {
+		r.accumulation, r.overhead, r.overlap, r.network, r.sharding} {
 		section()
 	}
 	return r.b.String()
@@ -232,7 +232,8 @@ func goals(res *results) []*goal {
 	}
 	all := append([]*goal{mlp1, mlpN, cnn, accuracy, tokens, loss}, resNetGoals(res)...)
 	all = append(all, demo, pureGo, memory, speed, allReduce, perTensor, flat, speedup, calls, overhead)
-	return append(all, networkGoals(res)...)
+	all = append(all, networkGoals(res)...)
+	return append(all, shardingGoals(res)...)
 }
 
 func (r *reporter) summary() {
