@@ -13,6 +13,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/jobenv"
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // envSetting is one environment variable goaccel reads and the option it stands for.
@@ -41,6 +42,12 @@ var envSettings = []envSetting{
 		s, err := accumulate.ParseSharding(v)
 		return WithSharding(s), err
 	}},
+	{LocalSGDEnvVar, func(v string) (Option, error) { return periodOption(v, WithLocalSGD) }},
+	{DiLoCoEnvVar, func(v string) (Option, error) {
+		return periodOption(v, func(h int) Option {
+			return WithDiLoCo(h, prepare.DefaultOuterLearningRate, prepare.DefaultOuterMomentum)
+		})
+	}},
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
@@ -64,6 +71,18 @@ var envSettings = []envSetting{
 		}
 		return func(c *config) { c.restartCount = n }, nil
 	}},
+}
+
+// periodOption reads a local SGD period: a positive h gives on(h), 0 leaves the program's choice alone.
+func periodOption(v string, on func(h int) Option) (Option, error) {
+	h, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || h < 0 {
+		return nil, fmt.Errorf("want the optimizer steps between parameter averages (1 or more; 0 for off), got %q", v)
+	}
+	if h == 0 {
+		return func(*config) {}, nil
+	}
+	return on(h), nil
 }
 
 // onWhenTrue is on() for a value that means true, no change for one that means false (off is the default,
@@ -150,6 +169,8 @@ type Configuration struct {
 	GradientCompression accumulate.Compression
 	// Sharding is the sharding strategy asked for (on one process the job runs replicated).
 	Sharding accumulate.Sharding
+	// LocalSGD is local SGD's or DiLoCo's configuration, nil for synchronous training.
+	LocalSGD *prepare.LocalSGD
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -166,7 +187,8 @@ func Resolve(opts ...Option) (Configuration, error) {
 	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
-		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault()}, nil
+		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(),
+		LocalSGD: cfg.localSGD}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.
