@@ -218,11 +218,18 @@ func WithLocalSGD(h int) Option {
 	return func(c *config) { c.localSGD = &prepare.LocalSGD{Steps: h} }
 }
 
+// DiLoCo's outer optimizer in the DiLoCo paper (Douillard et al., 2023): learning rate 0.7, Nesterov
+// momentum 0.9 (WithDiLoCo, GOACCEL_DILOCO).
+const (
+	DefaultOuterLearningRate = prepare.DefaultOuterLearningRate
+	DefaultOuterMomentum     = prepare.DefaultOuterMomentum
+)
+
 // WithDiLoCo is WithLocalSGD with DiLoCo's outer optimizer: every h inner steps (each process's own
 // optimizer, such as AdamW, on its own data) the processes average their parameters, take the
 // pseudo-gradient Δ = θ_outer − mean(θ_local) against the parameters of the last average, θ_outer, and
 // step θ_outer with SGD with Nesterov momentum (outerLR, outerMomentum; the paper's 0.7 and 0.9 are
-// prepare.DefaultOuterLearningRate and DefaultOuterMomentum); every process continues from the new
+// DefaultOuterLearningRate and DefaultOuterMomentum); every process continues from the new
 // θ_outer. θ_outer and the outer momentum are identical on every process and kept in checkpoints.
 // GOACCEL_DILOCO=h sets it with the default outer optimizer.
 func WithDiLoCo(h int, outerLR, outerMomentum float64) Option {

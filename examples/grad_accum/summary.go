@@ -62,6 +62,10 @@ type summary struct {
 	// this process held (1/N of the replicated size under optimizer or gradients sharding).
 	Sharding            string `json:"sharding"`
 	OptimizerStateBytes int64  `json:"optimizer_state_bytes"`
+	// Mode says what the processes exchange: "synchronous" (gradients every step) or local SGD's or
+	// DiLoCo's configuration; ParameterAverages counts local SGD's averages of the parameters.
+	Mode              string `json:"mode"`
+	ParameterAverages int64  `json:"parameter_averages"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -93,6 +97,8 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		Seconds:                  seconds(elapsed),
 		Sharding:                 stats.Sharding,
 		OptimizerStateBytes:      stats.OptimizerStateBytes,
+		Mode:                     stats.Mode,
+		ParameterAverages:        stats.ParameterAverages,
 	}
 }
 
