@@ -113,7 +113,8 @@ func parseSwitch(v string) (bool, error) {
 
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
-// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS,
+// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOACCEL_SHARDING, GOACCEL_LOCAL_SGD,
+// GOACCEL_DILOCO, GOMLX_BACKEND, GOACCEL_GRADIENTS,
 // GOACCEL_MATMUL, GOACCEL_CONV, GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES and GOACCEL_RESTART_COUNT (set by
 // `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
