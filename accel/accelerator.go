@@ -101,6 +101,7 @@ func New(opts ...Option) (*Accelerator, error) {
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20)), MemoryLimit: cfg.memoryLimit}
 	a.rt.Sharding = cfg.shardingOrDefault()
+	a.rt.LocalSGD = cfg.localSGD
 	if cfg.compression != accumulate.NoCompression {
 		if a.rt.CommHook, err = accumulate.NewCompressionHook(cfg.compression); err != nil {
 			err = fmt.Errorf("accel: %w", err)
@@ -335,11 +336,16 @@ type Stats struct {
 	// holds: 1/N of the replicated size under a strategy that splits buckets.
 	Sharding            string
 	OptimizerStateBytes int64
+	// Mode says when the processes exchange what: "synchronous" (gradients every step), or local SGD's
+	// or DiLoCo's configuration ("local SGD (H=8)"); ParameterAverages counts local SGD's averages of the
+	// parameters (Collectives counts their all-reduces and bytes with the others).
+	Mode              string
+	ParameterAverages int64
 }
 
 // Stats returns the counters so far.
 func (a *Accelerator) Stats() Stats {
-	s := Stats{Collectives: a.comm.Stats(), Sharding: a.rt.Sharding.Name()}
+	s := Stats{Collectives: a.comm.Stats(), Sharding: a.rt.Sharding.Name(), Mode: a.rt.LocalSGD.String()}
 	if a.WorldSize() == 1 {
 		s.Sharding = accumulate.Replicated{}.Name()
 	}
@@ -361,6 +367,7 @@ func (a *Accelerator) Stats() Stats {
 	for _, o := range a.optimizers {
 		s.OptimizerSteps += o.Steps()
 		s.SkippedSteps += o.SkippedSteps()
+		s.ParameterAverages += o.ParameterAverages()
 		s.ComputeTime += o.ComputeTime()
 	}
 	return s

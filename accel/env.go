@@ -13,6 +13,7 @@ import (
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/jobenv"
+	"github.com/goaccel/goaccel/prepare"
 )
 
 // envSetting is one environment variable goaccel reads and the option it stands for.
@@ -45,6 +46,12 @@ var envSettings = []envSetting{
 		s, err := accumulate.ParseSharding(v)
 		return WithSharding(s), err
 	}},
+	{LocalSGDEnvVar, func(v string) (Option, error) { return periodOption(v, WithLocalSGD) }},
+	{DiLoCoEnvVar, func(v string) (Option, error) {
+		return periodOption(v, func(h int) Option {
+			return WithDiLoCo(h, prepare.DefaultOuterLearningRate, prepare.DefaultOuterMomentum)
+		})
+	}},
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
@@ -69,6 +76,18 @@ var envSettings = []envSetting{
 		}
 		return func(c *config) { c.restartCount = n }, nil
 	}},
+}
+
+// periodOption reads a local SGD period: a positive h gives on(h), 0 leaves the program's choice alone.
+func periodOption(v string, on func(h int) Option) (Option, error) {
+	h, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || h < 0 {
+		return nil, fmt.Errorf("want the optimizer steps between parameter averages (1 or more; 0 for off), got %q", v)
+	}
+	if h == 0 {
+		return func(*config) {}, nil
+	}
+	return on(h), nil
 }
 
 // onWhenTrue is on() for a value that means true, no change for one that means false (off is the default,
@@ -99,9 +118,10 @@ func parseSwitch(v string) (bool, error) {
 
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
-// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS,
-// GOACCEL_MATMUL, GOACCEL_CONV, GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES, GOACCEL_TIMELINE (WithTimeline) and
-// GOACCEL_RESTART_COUNT (set by `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
+// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOACCEL_SHARDING, GOACCEL_POWERSGD,
+// GOACCEL_LOCAL_SGD, GOACCEL_DILOCO, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL, GOACCEL_CONV,
+// GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES, GOACCEL_TIMELINE (WithTimeline) and GOACCEL_RESTART_COUNT (set by
+// `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
 // variable, never ignored.
 func OptionsFromEnv(lookup func(name string) (string, bool)) ([]Option, error) {
@@ -157,6 +177,8 @@ type Configuration struct {
 	Sharding accumulate.Sharding
 	// PowerSGD is the PowerSGD configuration asked for (nil: none).
 	PowerSGD *accumulate.PowerSGDConfig
+	// LocalSGD is local SGD's or DiLoCo's configuration, nil for synchronous training.
+	LocalSGD *prepare.LocalSGD
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -173,7 +195,8 @@ func Resolve(opts ...Option) (Configuration, error) {
 	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
-		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(), PowerSGD: cfg.powerSGD}, nil
+		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(), PowerSGD: cfg.powerSGD,
+		LocalSGD: cfg.localSGD}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.

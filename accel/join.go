@@ -40,6 +40,10 @@ func (a *Accelerator) Join(model *prepare.Model, opt *prepare.Optimizer, loop fu
 		return errors.New("accel: join: the optimizer must be the one prepared for model")
 	case a.join != nil:
 		return errors.New("accel: join: Join called inside Join")
+	case a.rt.LocalSGD != nil:
+		return fmt.Errorf("accel: join: %s steps on each process's own gradients, so a process out of data has "+
+			"no step of the others to take part in; give every process the same number of batches (even "+
+			"batches) instead", a.rt.LocalSGD)
 	case a.state.SyncEachBatch():
 		return errors.New("accel: join: sync-each-batch all-reduces every micro-batch, which a process out of " +
 			"data cannot shadow; use Join without WithSyncEachBatch")

@@ -145,11 +145,15 @@ type checkpointPayload struct {
 	State   []byte   // state.json
 	Models  []modelPayload
 	User    userstate.Saved
+	// Outer are the optimizers' DiLoCo state files (nil where there is none).
+	Outer [][]byte
 }
 
 type modelPayload struct {
 	Variables    []savedVariable
 	Accumulators []byte // every rank's, bucket by bucket
+	// Local is every rank's variables under local SGD (localFile; nil otherwise).
+	Local []byte
 }
 
 // savedVariable is one variable of a checkpoint, by its GoMLX parameter name (scope and name).
@@ -168,6 +172,7 @@ type loadPlan struct {
 	values   []map[*context.Variable]*tensors.Tensor // per model
 	rng      [][]uint64                              // per model, this rank's generator state (nil: keep)
 	accums   []accumulate.ReducerState               // per model, this rank's accumulators
+	local    []prepare.LocalSGDState                 // per optimizer
 	loaders  []prepare.LoaderState                   // per checkpointed loader
 	gradient accumulate.Position
 	user     *userstate.Restore
@@ -242,7 +247,28 @@ func (a *Accelerator) readCheckpoint(dir string) ([]byte, error) {
 			}
 			vars = append(vars, slots...)
 		}
-		p.Models = append(p.Models, modelPayload{Variables: vars, Accumulators: blob})
+		var local []byte
+		if sm.Local != "" {
+			if !filepath.IsLocal(sm.Local) {
+				return nil, fmt.Errorf("checkpoint %s: %s names file %q outside the checkpoint", path, stateFile, sm.Local)
+			}
+			if local, err = os.ReadFile(filepath.Join(modelDir, sm.Local)); err != nil {
+				return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+			}
+		}
+		p.Models = append(p.Models, modelPayload{Variables: vars, Accumulators: blob, Local: local})
+	}
+	for _, so := range state.Optimizers {
+		var outer []byte
+		if so.Outer != "" {
+			if !filepath.IsLocal(so.Outer) {
+				return nil, fmt.Errorf("checkpoint %s: %s names file %q outside the checkpoint", path, stateFile, so.Outer)
+			}
+			if outer, err = os.ReadFile(filepath.Join(path, so.Outer)); err != nil {
+				return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+			}
+		}
+		p.Outer = append(p.Outer, outer)
 	}
 	for _, uv := range state.UserValues {
 		sv := userstate.SavedValue{Name: uv.Name, PerRank: uv.PerRank}
@@ -356,6 +382,9 @@ func (a *Accelerator) check(plan *loadPlan, p checkpointPayload) error {
 			return fmt.Errorf("model %d: %w", i, err)
 		}
 		plan.rng = append(plan.rng, rng)
+	}
+	if err := a.planLocalSGD(plan, p); err != nil {
+		return err
 	}
 	loaders := a.checkpointedLoaders()
 	for i, l := range loaders {
@@ -585,6 +614,9 @@ func (a *Accelerator) applyLoad(plan *loadPlan) error {
 		if err := o.Restore(prepare.OptimizerState{Steps: so.Steps, Skipped: so.Skipped, Kind: so.Kind}); err != nil {
 			return fmt.Errorf("accel: loading state: optimizer %d: %w", i, err)
 		}
+		if err := o.RestoreLocalSGD(plan.local[i]); err != nil {
+			return fmt.Errorf("accel: loading state: optimizer %d: %w", i, err)
+		}
 	}
 	for i, l := range a.checkpointedLoaders() {
 		if err := l.Restore(plan.loaders[i]); err != nil {
@@ -601,4 +633,81 @@ func globalBatch(processes, k, batch int) string {
 		unit = "process"
 	}
 	return fmt.Sprintf("%d %s × K=%d × batch %d", processes, unit, k, batch)
+}
+
+// planLocalSGD checks a checkpoint's local SGD state against this run and plans what this rank takes.
+//
+// Between two averages the processes' parameters differ: such a checkpoint resumes only on the same number
+// of processes with the same mode and period, each process taking its own variables back, and is refused
+// elsewhere (prepare.ErrInsidePeriod). Right after an average (and for a checkpoint of synchronous
+// training) the parameters are the same everywhere and any run takes them; the optimizer state, which
+// local SGD leaves each process's own, is each process's own again on the same number of processes under
+// local SGD, and process 0's otherwise (what a fresh run's processes start from). DiLoCo's outer
+// parameters and momentum are identical on every process and resume on any number of them.
+func (a *Accelerator) planLocalSGD(plan *loadPlan, p checkpointPayload) error {
+	s, cur := plan.state, a.rt.LocalSGD
+	saved := "synchronous training"
+	if sl := s.LocalSGD; sl != nil {
+		mode := prepare.LocalSGD{Steps: sl.Steps}
+		if sl.DiLoCo {
+			mode.Outer = &prepare.OuterSGD{LearningRate: sl.OuterLR, Momentum: sl.OuterMomentum}
+		}
+		saved = mode.String()
+	}
+	sameMode := cur != nil && s.LocalSGD != nil && cur.Steps == s.LocalSGD.Steps && (cur.Outer != nil) == s.LocalSGD.DiLoCo
+	if len(p.Outer) != 0 && len(p.Outer) != len(a.optimizers) {
+		return fmt.Errorf("holds DiLoCo state for %d optimizer(s), this run prepared %d", len(p.Outer), len(a.optimizers))
+	}
+	for i, o := range a.optimizers {
+		so := s.Optimizers[i]
+		if so.LocalSteps != 0 && (!sameMode || s.WorldSize != a.WorldSize()) {
+			return fmt.Errorf("%w (%s, %d optimizer steps after the last average, on %d processes); this run uses "+
+				"%s on %d: the processes' parameters differ until the next average, and resume only on the same "+
+				"number of processes with the same mode and period; save right after an average "+
+				"(optimizer.LocalStepsSinceAverage() == 0) to resume elsewhere", prepare.ErrInsidePeriod, saved,
+				so.LocalSteps, s.WorldSize, cur.String(), a.WorldSize())
+		}
+		state := prepare.LocalSGDState{Since: so.LocalSteps}
+		if cur != nil && cur.Outer != nil && len(p.Outer) > i && p.Outer[i] != nil {
+			if err := gob.NewDecoder(bytes.NewReader(p.Outer[i])).Decode(&state); err != nil {
+				return fmt.Errorf("optimizer %d's DiLoCo state: %w", i, err)
+			}
+			state.Since = so.LocalSteps
+		}
+		if err := o.CheckLocalSGD(state); err != nil {
+			return fmt.Errorf("optimizer %d: %w", i, err)
+		}
+		plan.local = append(plan.local, state)
+	}
+	if cur == nil || s.WorldSize != a.WorldSize() {
+		if s.LocalSGD != nil && len(a.optimizers) > 0 {
+			plan.notes = append(plan.notes, fmt.Sprintf("the checkpoint holds each process's optimizer state (%s); "+
+				"every process of this run takes process 0's", saved))
+		}
+		return nil
+	}
+	for i, m := range a.models {
+		blob := p.Models[i].Local
+		if blob == nil {
+			continue
+		}
+		var all [][]byte
+		if err := gob.NewDecoder(bytes.NewReader(blob)).Decode(&all); err != nil {
+			return fmt.Errorf("model %d: every process's variables: %w", i, err)
+		}
+		if len(all) != a.WorldSize() {
+			return fmt.Errorf("model %d: the checkpoint holds the variables of %d processes, saved by %d", i, len(all),
+				s.WorldSize)
+		}
+		var mine []savedVariable
+		if err := gob.NewDecoder(bytes.NewReader(all[a.Rank()])).Decode(&mine); err != nil {
+			return fmt.Errorf("model %d: process %d's variables: %w", i, a.Rank(), err)
+		}
+		values, _, err := matchVariables(m, mine)
+		if err != nil {
+			return fmt.Errorf("model %d (process %d's variables): %w", i, a.Rank(), err)
+		}
+		maps.Copy(plan.values[i], values)
+	}
+	return nil
 }

@@ -37,8 +37,10 @@ type config struct {
 	sharding          accumulate.Sharding
 	powerSGD          *accumulate.PowerSGDConfig
 	bufferSync        prepare.BufferSync
-	out               io.Writer
-	trackers          []Tracker
+	// localSGD is set by WithLocalSGD and WithDiLoCo (nil: gradients are all-reduced every step).
+	localSGD *prepare.LocalSGD
+	out      io.Writer
+	trackers []Tracker
 
 	// backendSource names the environment variable backend came from ("" for a program's option).
 	backendSource string
@@ -69,6 +71,14 @@ const PowerSGDEnvVar = "GOACCEL_POWERSGD"
 // ShardingEnvVar sets the sharding strategy (see WithSharding): replicated, optimizer or gradients (read
 // with the other variables by OptionsFromEnv).
 const ShardingEnvVar = "GOACCEL_SHARDING"
+
+// LocalSGDEnvVar sets local SGD's period H (see WithLocalSGD); 0 turns it off (read with the other
+// variables by OptionsFromEnv).
+const LocalSGDEnvVar = "GOACCEL_LOCAL_SGD"
+
+// DiLoCoEnvVar sets DiLoCo's period H with the default outer optimizer (see WithDiLoCo); 0 turns it off
+// (read with the other variables by OptionsFromEnv).
+const DiLoCoEnvVar = "GOACCEL_DILOCO"
 
 func defaultConfig() config {
 	return config{
@@ -126,6 +136,25 @@ func (c config) validate() error {
 	if !c.compression.Valid() {
 		return fmt.Errorf("accel: gradient compression must be accumulate.NoCompression, BF16 or FP16, got %s",
 			c.compression)
+	}
+	if l := c.localSGD; l != nil {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("accel: %w", err)
+		}
+		switch {
+		case c.shardingOrDefault().Stage() > 0:
+			return fmt.Errorf("accel: %s averages whole parameters and keeps each process's optimizer state whole; "+
+				"the %s sharding strategy splits both between processes: use accel.Replicated", l, c.sharding.Name())
+		case c.compression != accumulate.NoCompression:
+			return fmt.Errorf("accel: %s sends no gradients, so gradient compression (%s) has nothing to compress, "+
+				"and the parameter averages travel in the parameters' own dtype: leave compression off", l, c.compression)
+		case c.syncEachBatch:
+			return fmt.Errorf("accel: %s all-reduces no gradients, and sync-each-batch all-reduces every "+
+				"micro-batch's: use one or the other", l)
+		case c.powerSGD != nil:
+			return fmt.Errorf("accel: %s sends no gradients, so PowerSGD has nothing to compress: use one or the "+
+				"other", l)
+		}
 	}
 	return nil
 }
@@ -225,6 +254,38 @@ const (
 // NoSync or on the other micro-batches of an accumulation cycle (docs/semantics.md section 12). Every
 // process must use the same mode (the processes compare it on the first Backward).
 func WithBufferSync(mode BufferSync) Option { return func(c *config) { c.bufferSync = mode } }
+
+// WithLocalSGD trains each process on its own gradients for h optimizer steps and then averages the
+// parameters across processes (Accelerate's LocalSGD(local_sgd_steps=h)): no gradient all-reduce at all,
+// and one all-reduce of the parameters per bucket every h steps, so a job on ordinary Ethernet sends h
+// times fewer bytes per step. The optimizer's state stays each process's own; buffers (batch
+// normalisation) are averaged with the parameters. h counts optimizer steps: with K-step accumulation an
+// average follows every h·K micro-batches. h = 1 with plain SGD is synchronous training up to float
+// rounding. It cannot be combined with a sharding strategy, gradient compression or sync-each-batch (New
+// refuses them). GOACCEL_LOCAL_SGD=h sets it too. See docs/localsgd.md.
+func WithLocalSGD(h int) Option {
+	return func(c *config) { c.localSGD = &prepare.LocalSGD{Steps: h} }
+}
+
+// DiLoCo's outer optimizer in the DiLoCo paper (Douillard et al., 2023): learning rate 0.7, Nesterov
+// momentum 0.9 (WithDiLoCo, GOACCEL_DILOCO).
+const (
+	DefaultOuterLearningRate = prepare.DefaultOuterLearningRate
+	DefaultOuterMomentum     = prepare.DefaultOuterMomentum
+)
+
+// WithDiLoCo is WithLocalSGD with DiLoCo's outer optimizer: every h inner steps (each process's own
+// optimizer, such as AdamW, on its own data) the processes average their parameters, take the
+// pseudo-gradient Δ = θ_outer − mean(θ_local) against the parameters of the last average, θ_outer, and
+// step θ_outer with SGD with Nesterov momentum (outerLR, outerMomentum; the paper's 0.7 and 0.9 are
+// DefaultOuterLearningRate and DefaultOuterMomentum); every process continues from the new
+// θ_outer. θ_outer and the outer momentum are identical on every process and kept in checkpoints.
+// GOACCEL_DILOCO=h sets it with the default outer optimizer.
+func WithDiLoCo(h int, outerLR, outerMomentum float64) Option {
+	return func(c *config) {
+		c.localSGD = &prepare.LocalSGD{Steps: h, Outer: &prepare.OuterSGD{LearningRate: outerLR, Momentum: outerMomentum}}
+	}
+}
 
 // WithSeed sets the seed data loaders shuffle with (default 42). Every rank must use the same seed.
 func WithSeed(seed uint64) Option { return func(c *config) { c.seed = seed } }

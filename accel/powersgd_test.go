@@ -70,6 +70,7 @@ func TestPowerSGDRefusesCombinations(t *testing.T) {
 		{[]accel.Option{accel.WithGradientCompression(accumulate.BF16)}, "two comm hooks"},
 		{[]accel.Option{accel.WithSharding(accel.ShardOptimizer)}, "sharding strategy"},
 		{[]accel.Option{accel.WithSyncEachBatch()}, "sync-each-batch"},
+		{[]accel.Option{accel.WithLocalSGD(4)}, "nothing to compress"},
 	} {
 		_, err := accel.Resolve(append(tc.opts, accel.WithPowerSGD(cfg))...)
 		assert.ErrorContains(t, err, tc.want)

@@ -23,6 +23,8 @@ func (a *Accelerator) settings() []replicas.Setting {
 		{Name: "gradient communication hook (GOACCEL_GRADIENT_COMPRESSION or accel.WithGradientCompression)",
 			Value: a.commHookName()},
 		{Name: "sharding strategy (GOACCEL_SHARDING or accel.WithSharding)", Value: a.cfg.shardingOrDefault().Name()},
+		{Name: "local SGD (GOACCEL_LOCAL_SGD, GOACCEL_DILOCO, accel.WithLocalSGD or accel.WithDiLoCo)",
+			Value: a.rt.LocalSGD.String()},
 		{Name: "replica check", Value: fmt.Sprint(a.cfg.checkReplicas)},
 		{Name: "timeline (GOACCEL_TIMELINE or accel.WithTimeline)", Value: fmt.Sprint(a.cfg.timeline != "")},
 		{Name: "debug mode (collective call checks)", Value: fmt.Sprint(a.comm.CallChecks())},

@@ -1,7 +1,9 @@
 package accel
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/gob"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +30,8 @@ const stateFormat = 2
 const (
 	stateFile        = "state.json"
 	accumulatorsFile = "accumulators.bin"
+	// localFile holds every process's variables under local SGD, which part between averages.
+	localFile = "local.bin"
 	// userStateDir holds the values registered with RegisterForCheckpointing, one file per value (and rank).
 	userStateDir = "user"
 )
@@ -48,6 +52,17 @@ type savedState struct {
 	LogRecords int64 `json:"log_records,omitempty"`
 	// UserValues are the values registered with RegisterForCheckpointing (format 2).
 	UserValues []savedUserValue `json:"user_values,omitempty"`
+	// LocalSGD is the run's local SGD or DiLoCo configuration (absent for synchronous training).
+	LocalSGD *savedLocalSGD `json:"local_sgd,omitempty"`
+}
+
+// savedLocalSGD records local SGD's configuration; where each optimizer is in its period is in
+// savedOptimizer, and every process's variables in each model's localFile.
+type savedLocalSGD struct {
+	Steps         int     `json:"steps"`
+	DiLoCo        bool    `json:"diloco,omitempty"`
+	OuterLR       float64 `json:"outer_lr,omitempty"`
+	OuterMomentum float64 `json:"outer_momentum,omitempty"`
 }
 
 // savedUserValue names a registered value's files: one for a value saved once, one per rank otherwise.
@@ -69,6 +84,8 @@ type savedModel struct {
 	// Sharding says how the model's optimizer state was split into per-process blocks (absent when it was
 	// replicated: the variables hold it).
 	Sharding *savedSharding `json:"sharding,omitempty"`
+	// Local names the file of every process's variables under local SGD (localFile; absent otherwise).
+	Local string `json:"local,omitempty"`
 }
 
 type savedOptimizer struct {
@@ -77,6 +94,10 @@ type savedOptimizer struct {
 	Skipped int64 `json:"skipped"`
 	// Kind is the GoMLX optimizer's Go type (absent in older checkpoints).
 	Kind string `json:"kind,omitempty"`
+	// LocalSteps are local SGD's optimizer steps since the last average; Outer names the file of DiLoCo's
+	// outer parameters and momentum.
+	LocalSteps int    `json:"local_steps,omitempty"`
+	Outer      string `json:"outer,omitempty"`
 }
 
 type savedLoader struct {
@@ -180,6 +201,10 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 			return "", fmt.Errorf("accel: saving state: model %d: %w", i, err)
 		}
 	}
+	local, err := a.gatherLocalVariables(&state)
+	if err != nil {
+		return "", fmt.Errorf("accel: saving state: %w", err)
+	}
 	user, err := a.userState.Collect(a.comm)
 	if err != nil {
 		return "", fmt.Errorf("accel: saving state: %w", err)
@@ -198,13 +223,13 @@ func (a *Accelerator) SaveState(dir string) (string, error) {
 		shared := false
 		path, saveErr = checkpoint.Write(dir, a.cfg.checkpointLimit, func(tmp string) error {
 			if !sharded {
-				return a.writeState(tmp, state, accumulators, user)
+				return a.writeState(tmp, state, accumulators, local, user)
 			}
 			// Every process writes its blocks into tmp while this one writes the rest; tmp becomes the
 			// checkpoint only if all of them succeed.
 			shared = true
 			return a.shareCheckpointDir(tmp, state, blocks, func() error {
-				return a.writeState(tmp, state, accumulators, user)
+				return a.writeState(tmp, state, accumulators, local, user)
 			})
 		})
 		if sharded && !shared {
@@ -260,7 +285,16 @@ func (a *Accelerator) currentState() (savedState, []accumulate.ReducerState, err
 		}
 		os := o.State()
 		s.Optimizers = append(s.Optimizers, savedOptimizer{Model: idx, Steps: os.Steps, Skipped: os.Skipped,
-			Kind: os.Kind})
+			Kind: os.Kind, LocalSteps: o.LocalStepsSinceAverage()})
+	}
+	if l := a.rt.LocalSGD; l != nil {
+		s.LocalSGD = &savedLocalSGD{Steps: l.Steps}
+		if l.Outer != nil {
+			s.LocalSGD.DiLoCo, s.LocalSGD.OuterLR, s.LocalSGD.OuterMomentum = true, l.Outer.LearningRate, l.Outer.Momentum
+		}
+		for i := range s.Models {
+			s.Models[i].Local = localFile
+		}
 	}
 	for _, l := range a.checkpointedLoaders() {
 		ls := l.State()
@@ -331,7 +365,8 @@ func (a *Accelerator) checkpointedLoaders() []*prepare.DataLoader {
 }
 
 // writeState fills a checkpoint directory (main process only).
-func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte, user userstate.Saved) error {
+func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]byte, local localFiles,
+	user userstate.Saved) error {
 	for i, m := range a.models {
 		modelDir := filepath.Join(dir, state.Models[i].Dir)
 		// The accumulators are every rank's (accumulators.bin), the blocks each rank's own (blocksDir).
@@ -341,6 +376,18 @@ func (a *Accelerator) writeState(dir string, state savedState, accumulators [][]
 		}
 		if err := checkpoint.WriteFile(filepath.Join(modelDir, accumulatorsFile), accumulators[i]); err != nil {
 			return err
+		}
+		if name := state.Models[i].Local; name != "" {
+			if err := checkpoint.WriteFile(filepath.Join(modelDir, name), local.models[i]); err != nil {
+				return err
+			}
+		}
+	}
+	for i, so := range state.Optimizers {
+		if so.Outer != "" {
+			if err := checkpoint.WriteFile(filepath.Join(dir, so.Outer), local.outer[i]); err != nil {
+				return err
+			}
 		}
 	}
 	if len(user.Values) > 0 {
@@ -422,4 +469,62 @@ func splitStatus(status []byte) (msg, path string) {
 		}
 	}
 	return string(status), ""
+}
+
+// localFiles are local SGD's files of a checkpoint (main process): each model's localFile, and each
+// optimizer's DiLoCo state (nil where there is none).
+type localFiles struct {
+	models, outer [][]byte
+}
+
+// gatherLocalVariables gathers, under local SGD, every process's values of each model's checkpointed
+// variables — the parameters and the optimizer state part between averages, and the optimizer state stays
+// each process's own even right after one — and each optimizer's DiLoCo state (identical on every
+// process: the main process's). It names the optimizers' files in state. Collective.
+func (a *Accelerator) gatherLocalVariables(state *savedState) (localFiles, error) {
+	var files localFiles
+	if a.rt.LocalSGD == nil {
+		return files, nil
+	}
+	for i, m := range a.models {
+		var mine []savedVariable
+		for _, v := range checkpointedVariables(m) {
+			t, err := v.Value()
+			if err != nil {
+				return files, fmt.Errorf("model %d: variable %q: %w", i, v.ScopeAndName(), err)
+			}
+			sv := savedVariable{Name: v.ParameterName(), DType: t.DType(), Dims: slices.Clone(t.Shape().Dimensions)}
+			if err := t.ConstBytes(func(data []byte) { sv.Data = slices.Clone(data) }); err != nil {
+				return files, fmt.Errorf("model %d: variable %q: %w", i, v.ScopeAndName(), err)
+			}
+			mine = append(mine, sv)
+		}
+		var buf bytes.Buffer
+		if err := gob.NewEncoder(&buf).Encode(mine); err != nil {
+			return files, err
+		}
+		all, err := replicas.AllGatherBytes(a.comm, buf.Bytes())
+		if err != nil {
+			return files, fmt.Errorf("model %d: gathering every process's variables: %w", i, err)
+		}
+		buf.Reset()
+		if err := gob.NewEncoder(&buf).Encode(all); err != nil {
+			return files, err
+		}
+		files.models = append(files.models, buf.Bytes())
+	}
+	for i, o := range a.optimizers {
+		ls := o.LocalSGDState()
+		var data []byte
+		if ls.Outer != nil {
+			var buf bytes.Buffer
+			if err := gob.NewEncoder(&buf).Encode(ls); err != nil {
+				return files, err
+			}
+			data = buf.Bytes()
+			state.Optimizers[i].Outer = fmt.Sprintf("diloco-%d.bin", i)
+		}
+		files.outer = append(files.outer, data)
+	}
+	return files, nil
 }

@@ -42,9 +42,14 @@ func (a *Accelerator) PrepareOptimizer(model *prepare.Model, opt optimizers.Inte
 	if err := a.checkOpen(); err != nil {
 		return nil, err
 	}
+	var o *prepare.Optimizer
 	if a.cfg.checkReplicas {
 		opts = append(opts, prepare.AfterStep(func() error {
-			return replicas.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
+			// Under local SGD the replicas are the same right after an average only.
+			if o.LocalStepsSinceAverage() != 0 {
+				return nil
+			}
+			return replicas.CheckReplicasInSync(a.comm, a.sharedVariables(model))
 		}))
 	}
 	o, err := prepare.NewOptimizer(model, opt, opts...)
@@ -247,7 +252,8 @@ func (a *Accelerator) SyncGradients() bool { return a.state.SyncGradients() }
 // CheckReplicas verifies that every rank holds bitwise-identical weights for model, returning an error that
 // names the first divergent variable. The weights include the optimizer's state and the model's buffers
 // (identical after each optimizer step; left out with NoBufferSync), not the per-process generator state.
-// Collective.
+// Under local SGD (WithLocalSGD, WithDiLoCo) they are the parameters and buffers alone, identical right
+// after each average (the optimizer state is each process's own). Collective.
 func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
 	if err := a.checkModel(model); err != nil {
 		return err
@@ -255,7 +261,17 @@ func (a *Accelerator) CheckReplicas(model *prepare.Model) error {
 	if !model.Materialized() {
 		return fmt.Errorf("accel: model has no weights yet")
 	}
-	return replicas.CheckReplicasInSync(a.comm, model.ReplicatedVariables())
+	return replicas.CheckReplicasInSync(a.comm, a.sharedVariables(model))
+}
+
+// sharedVariables are the variables of model that every process holds identically: the replicated ones,
+// and under local SGD, whose optimizer state is each process's own, the parameters and buffers that the
+// averages make identical (right after each average).
+func (a *Accelerator) sharedVariables(model *prepare.Model) []*context.Variable {
+	if a.rt.LocalSGD == nil {
+		return model.ReplicatedVariables()
+	}
+	return append(model.Parameters(), model.Buffers()...)
 }
 
 // Models are the models prepared so far, in order.

@@ -55,6 +55,8 @@ type Reducer struct {
 	// nonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank;
 	// poisoned, when this rank's last sync carried such a loss (until the gradients are applied or cleared).
 	nonFinite, poisoned bool
+	// local makes the syncs an optimizer step follows keep this rank's own gradients (local SGD).
+	local bool
 }
 
 // ReducerOption configures a Reducer.
@@ -77,6 +79,15 @@ func WithGradientState(state *GradientState) ReducerOption {
 func WithAccumulators(vars []*context.Variable) ReducerOption {
 	return func(r *Reducer) { r.accumulators = vars }
 }
+
+// WithLocalGradients makes the micro-batches an optimizer step follows end their cycle without any
+// communication: the accumulators keep this rank's own gradients, and Scale turns them into this rank's
+// mean over the cycle's micro-batches (1, or the short-cycle correction), not a mean over ranks. Local SGD
+// and DiLoCo train so, and average the parameters instead every few steps (package prepare).
+func WithLocalGradients() ReducerOption { return func(r *Reducer) { r.local = true } }
+
+// Local reports whether the reducer keeps each rank's gradients to itself (WithLocalGradients).
+func (r *Reducer) Local() bool { return r.local }
 
 // WithShards gives the reducer, under a strategy that splits buckets, the variables that receive this
 // rank's block of each synced bucket (BlockLen elements each), which the optimizer's update reads.
@@ -232,7 +243,7 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 	switch {
 	case r.state.SyncGradients():
 		return r.sync()
-	case r.state.reduceThisStep():
+	case r.state.reduceThisStep() && !r.local:
 		return r.reduceMicroBatch()
 	}
 	return nil
@@ -389,8 +400,18 @@ func (r *Reducer) reduce(whole bool) error {
 	return err
 }
 
-// sync reduces the accumulators and records the factor that turns their sum into the mean.
+// sync reduces the accumulators and records the factor that turns their sum into the mean. A local
+// reducer reduces nothing: the cycle's mean is this rank's own, and the count of syncs (collective rounds)
+// does not move.
 func (r *Reducer) sync() error {
+	if r.local {
+		r.emitted = nil
+		r.poisoned, r.nonFinite = r.nonFinite, false
+		r.synced = true
+		r.scale = r.state.syncCorrection()
+		r.state.ResetMicroBatches()
+		return nil
+	}
 	if err := r.reduce(false); err != nil {
 		return err
 	}

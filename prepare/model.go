@@ -206,10 +206,14 @@ func (m *Model) Materialize(batch Batch) (err error) {
 	if _, err := m.exec(false, m.sharding.Stage() == 2); err != nil {
 		return err
 	}
-	m.reducer = accumulate.NewReducer(m.rt.Comm, m.plan, accumulate.WithGradientState(m.rt.State),
+	reducerOpts := []accumulate.ReducerOption{accumulate.WithGradientState(m.rt.State),
 		accumulate.WithAccumulators(m.buckets), accumulate.WithCommHook(m.rt.commHook()),
 		accumulate.WithSharding(m.sharding), accumulate.WithShards(m.gradShards),
-		accumulate.WithAccumulatorMaker(m.makeAccumulators))
+		accumulate.WithAccumulatorMaker(m.makeAccumulators)}
+	if m.rt.local() {
+		reducerOpts = append(reducerOpts, accumulate.WithLocalGradients())
+	}
+	m.reducer = accumulate.NewReducer(m.rt.Comm, m.plan, reducerOpts...)
 	m.materialized = true
 	for _, hook := range m.onMaterialize {
 		if err := hook(); err != nil {
@@ -655,7 +659,9 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 	}
 	// Buffers follow the optimizer steps: the gradient sync a step follows syncs them too, whatever the
 	// all-reduces in between (WithSyncEachBatch), so that every rank steps and evaluates with the same.
-	if steps {
+	// Under local SGD the replicas part between averages, and the buffers with them: they are averaged with
+	// the parameters (Optimizer.Step).
+	if steps && !m.rt.local() {
 		return res, m.SyncBuffers(m.bufferSync)
 	}
 	return res, nil

@@ -112,7 +112,9 @@ type Optimizer struct {
 	gathered     [2][]byte
 	steps        int64 // optimizer steps applied
 	skippedSteps int64
-	computeTime  time.Duration
+	// local is set under local SGD (Runtime.LocalSGD): the steps since the last average, DiLoCo's state.
+	local       *localState
+	computeTime time.Duration
 }
 
 // NewOptimizer prepares opt for model. opt must implement UpdateGraphWithGradients (GoMLX's SGD and Adam
@@ -131,6 +133,16 @@ func NewOptimizer(model *Model, opt optimizers.Interface, opts ...OptimizerOptio
 			"optimizers.Adam().Done()", opt)
 	}
 	o := &Optimizer{model: model, optimizer: opt, withGrads: withGrads, nonFinite: model.rt.defaultNonFinite()}
+	if cfg := model.rt.LocalSGD; cfg != nil {
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+		o.local = &localState{cfg: *cfg}
+		if cfg.Outer != nil {
+			outer := *cfg.Outer
+			o.local.cfg.Outer = &outer
+		}
+	}
 	for _, option := range opts {
 		option(o)
 	}
@@ -297,6 +309,11 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 		return false, errors.New("prepare: optimizer step before the model was built")
 	}
 	defer m.rt.endPhase(m.rt.beginPhase(PhaseOptimizerStep, o.steps+1, false))
+	if o.local != nil {
+		if err := o.beginLocalStep(); err != nil {
+			return false, err
+		}
+	}
 	// Under a strategy that splits buckets the norm and the finiteness of the synced gradients are known
 	// only across ranks: one collective serves both.
 	clip := 1.0
@@ -335,6 +352,10 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 			}
 			if o.nonFinite == NonFiniteSkip {
 				o.skippedSteps++
+				if o.local != nil {
+					// Each process decides on its own gradients under local SGD, and all count the step.
+					return false, o.endLocalStep()
+				}
 				return false, nil
 			}
 			return false, &NonFiniteError{Step: refused, Ranks: ranks, FP16: m.rt.sendsFP16()}
@@ -358,6 +379,11 @@ func (o *Optimizer) Step() (stepped bool, err error) {
 	m.reducer.Applied()
 	m.scheduleBefore = m.scheduleBefore[:0]
 	o.steps++
+	if o.local != nil {
+		if err := o.endLocalStep(); err != nil {
+			return true, err
+		}
+	}
 	for _, fn := range o.afterStep {
 		if err := fn(); err != nil {
 			return true, fmt.Errorf("prepare: after optimizer step %d: %w", o.steps, err)

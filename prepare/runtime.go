@@ -36,7 +36,13 @@ type Runtime struct {
 
 	// phases records what the prepared objects are doing (Phase, SetPhaseObserver).
 	phases phases
+	// LocalSGD, when set, makes each process step on its own gradients and average the parameters every
+	// LocalSGD.Steps optimizer steps (local SGD, or DiLoCo with an outer optimizer); see LocalSGD.
+	LocalSGD *LocalSGD
 }
+
+// local reports whether the models of this runtime train on local gradients (LocalSGD).
+func (rt *Runtime) local() bool { return rt.LocalSGD != nil }
 
 func (rt *Runtime) commHook() accumulate.CommHook {
 	if rt.CommHook == nil {
@@ -87,6 +93,24 @@ func (rt *Runtime) validate() error {
 		return fmt.Errorf("prepare: runtime has no communicator")
 	case rt.State == nil:
 		return fmt.Errorf("prepare: runtime has no gradient state")
+	}
+	if rt.LocalSGD != nil {
+		if err := rt.LocalSGD.Validate(); err != nil {
+			return err
+		}
+		if rt.Sharding != nil && rt.Sharding.Stage() > 0 {
+			return fmt.Errorf("prepare: %s averages whole parameters on every process, and the %s sharding strategy "+
+				"keeps only a block of them and of the optimizer state on each: use replicated sharding",
+				rt.LocalSGD, rt.Sharding.Name())
+		}
+		if _, ok := rt.CommHook.(*accumulate.CompressionHook); ok {
+			return fmt.Errorf("prepare: %s sends no gradients, and the parameters it averages travel in their own "+
+				"dtype: gradient compression does not apply to it", rt.LocalSGD)
+		}
+		if rt.State.SyncEachBatch() {
+			return fmt.Errorf("prepare: %s all-reduces no gradients, and sync-each-batch all-reduces every "+
+				"micro-batch's: use one or the other", rt.LocalSGD)
+		}
 	}
 	if rt.BucketCapBytes <= 0 {
 		rt.BucketCapBytes = accumulate.DefaultBucketCapBytes

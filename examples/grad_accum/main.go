@@ -66,6 +66,8 @@ type config struct {
 	quiet         bool
 	// cpuProfile receives a pprof CPU profile of the training loop (not of loading or evaluation).
 	cpuProfile string
+	// localSGD and diloco are the optimizer steps between parameter averages (0: synchronous training).
+	localSGD, diloco int
 }
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
@@ -118,6 +120,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.evalEachEpoch, "eval-each-epoch", false, "evaluate on the test set after every epoch, log each accuracy "+
 		"and report the best")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "no progress bar or progress lines")
+	fs.IntVar(&cfg.localSGD, "local-sgd", 0, "local SGD: each process steps on its own gradients and the parameters are "+
+		"averaged every `H` optimizer steps, H times fewer bytes on the wire (0 = synchronous)")
+	fs.IntVar(&cfg.diloco, "diloco", 0, "DiLoCo: local SGD every `H` optimizer steps with an outer Nesterov SGD step "+
+		"(lr 0.7, momentum 0.9) on the averaged update (0 = off)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the training loop to this file, for `go tool pprof` (empty = none)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: grad_accum [flags]\n\nTrains an MLP or a CNN on Fashion-MNIST with gradient "+
@@ -153,6 +159,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, usageErrorf(stderr, "-checkpoint-every must be 0 (after each epoch only) or positive, got %d", cfg.checkpointEvery)
 	case cfg.checkpointEvery > 0 && cfg.checkpoints == "":
 		return cfg, usageErrorf(stderr, "-checkpoint-every needs -checkpoints")
+	case cfg.localSGD < 0 || cfg.diloco < 0:
+		return cfg, usageErrorf(stderr, "-local-sgd and -diloco must be 0 (off) or positive")
+	case cfg.localSGD > 0 && cfg.diloco > 0:
+		return cfg, usageErrorf(stderr, "-local-sgd and -diloco are two modes: give one")
 	case cfg.stopAfterBatches < 0:
 		return cfg, usageErrorf(stderr, "-stop-after-batches must be 0 (train every epoch) or positive, got %d", cfg.stopAfterBatches)
 	}
@@ -222,6 +232,12 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 			tracker = accel.NewCSVTracker(cfg.log)
 		}
 		opts = append(opts, accel.WithTrackers(tracker))
+	}
+	if cfg.localSGD > 0 {
+		opts = append(opts, accel.WithLocalSGD(cfg.localSGD))
+	}
+	if cfg.diloco > 0 {
+		opts = append(opts, accel.WithDiLoCo(cfg.diloco, accel.DefaultOuterLearningRate, accel.DefaultOuterMomentum))
 	}
 	if cfg.checkpoints != "" {
 		// Checked, and held for this job, when it starts rather than after the first epoch.

@@ -67,7 +67,7 @@ var summaryKeys = []string{"goaccel_version",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
 	"micro_batch_compute_seconds", "train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",
 	"examples_per_second", "seconds", "sharding", "optimizer_state_bytes",
-	"comm_hook", "compression_ratio",
+	"comm_hook", "compression_ratio", "mode", "parameter_averages",
 }
 
 // parseSummary checks that the last stdout line is a JSON object with exactly the summary's keys.
@@ -84,6 +84,32 @@ func parseSummary(t *testing.T, stdout string) summary {
 	var s summary
 	require.NoError(t, json.Unmarshal([]byte(line), &s))
 	return s
+}
+
+// TestLocalSGDFlags: -local-sgd and -diloco train without gradient syncs and average every H optimizer
+// steps (12 micro-batches, K=2: 6 steps, H=2: 3 averages); the summary says the mode. Both at once, or a
+// negative period, are usage errors.
+func TestLocalSGDFlags(t *testing.T) {
+	dir := writeFakeDataset(t, 100, 30)
+	for _, tc := range []struct {
+		flag, mode string
+	}{{"-local-sgd", "local SGD (H=2)"}, {"-diloco", "DiLoCo (H=2, outer lr 0.7, momentum 0.9)"}} {
+		t.Run(tc.flag, func(t *testing.T) {
+			code, stdout, stderr := runMain(t, "-data", dir, "-limit", "96", "-epochs", "1", "-batch", "8", "-k", "2",
+				"-hidden", "16", "-seed", "7", tc.flag, "2")
+			require.Equal(t, exitOK, code, "stderr: %s", stderr)
+			s := parseSummary(t, stdout)
+			assert.Equal(t, tc.mode, s.Mode)
+			assert.EqualValues(t, 6, s.OptimizerSteps)
+			assert.EqualValues(t, 3, s.ParameterAverages)
+			assert.Zero(t, s.Syncs, "no gradient sync")
+		})
+	}
+	for _, args := range [][]string{{"-local-sgd", "2", "-diloco", "2"}, {"-diloco", "-1"}} {
+		code, _, stderr := runMain(t, append([]string{"-data", dir}, args...)...)
+		assert.Equal(t, exitUsage, code, "%v", args)
+		assert.Contains(t, stderr, "-local-sgd and -diloco")
+	}
 }
 
 func TestSummaryMatchesAccumulation(t *testing.T) {

@@ -66,6 +66,10 @@ type summary struct {
 	// CompressionRatio is what a plain all-reduce would have sent over what was sent (PowerSGD; 1 otherwise).
 	CommHook         string  `json:"comm_hook"`
 	CompressionRatio float64 `json:"compression_ratio"`
+	// Mode says what the processes exchange: "synchronous" (gradients every step) or local SGD's or
+	// DiLoCo's configuration; ParameterAverages counts local SGD's averages of the parameters.
+	Mode              string `json:"mode"`
+	ParameterAverages int64  `json:"parameter_averages"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -99,6 +103,8 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		OptimizerStateBytes:      stats.OptimizerStateBytes,
 		CommHook:                 acc.CommHookName(),
 		CompressionRatio:         math.Round(stats.CommHook.Ratio()*1000) / 1000,
+		Mode:                     stats.Mode,
+		ParameterAverages:        stats.ParameterAverages,
 	}
 }
 
