@@ -179,12 +179,14 @@ func (r *roundReader) readRound() ([]streamBatch, error) {
 	size := r.l.rt.Comm.Size()
 	var round []streamBatch
 	for len(round) < size && !r.eof {
+		begin := r.l.rt.beginLoad()
 		_, inputs, labels, err := r.l.stream.Yield()
 		if errors.Is(err, io.EOF) {
 			// train.Dataset only promises Reset after io.EOF: the stream is not asked again.
 			r.eof = true
 			break
 		}
+		r.l.rt.observeLoad(begin, inputs)
 		if err != nil {
 			return nil, fmt.Errorf("prepare: reading dataset %q: %w", r.l.stream.Name(), err)
 		}

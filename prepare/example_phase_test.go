@@ -2,6 +2,7 @@ package prepare_test
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
@@ -66,4 +67,43 @@ func ExampleRuntime_ObserveSource() {
 	// batch [2 3]
 	// loading a batch of 1 examples
 	// batch [4]
+}
+
+// A stream loader's batches are timed as they are read, as a source's are through ObserveSource (the
+// loader reads one round ahead, to know which batch is the epoch's last).
+func ExampleRuntime_SetPhaseObserver_stream() {
+	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
+	state, _ := accumulate.NewGradientState(1, false)
+	rt := &prepare.Runtime{Backend: backend, Comm: backends.NewSingle(), State: state}
+	rt.SetPhaseObserver(func(p prepare.Phase, begin, end time.Time) { fmt.Println(p) })
+	x := tensors.FromValue([][]float32{{1}, {2}, {3}})
+	loader, _ := prepare.NewStreamLoader(rt, &streamOf{batch: x, n: 2})
+	for batch, err := range loader.All() {
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("batch of", batch.Size())
+	}
+	// Output:
+	// loading a batch of 3 examples
+	// loading a batch of 3 examples
+	// batch of 3
+	// batch of 3
+}
+
+// streamOf yields batch n times.
+type streamOf struct {
+	batch *tensors.Tensor
+	n, i  int
+}
+
+func (s *streamOf) Name() string { return "stream" }
+func (s *streamOf) Reset()       { s.i = 0 }
+func (s *streamOf) Yield() (any, []*tensors.Tensor, []*tensors.Tensor, error) {
+	if s.i == s.n {
+		return nil, nil, nil, io.EOF
+	}
+	s.i++
+	return nil, []*tensors.Tensor{s.batch}, []*tensors.Tensor{s.batch}, nil
 }

@@ -178,11 +178,27 @@ func (s *observedSource) batchOn(backend gomlxbackends.Backend, indices []int) (
 	return inputs, labels, err
 }
 
-func (s *observedSource) beginLoad() time.Time {
-	if s.rt.phases.observer.Load() == nil {
+func (s *observedSource) beginLoad() time.Time { return s.rt.beginLoad() }
+
+// beginLoad is when a batch's loading began, for observeLoad; the zero time (and no clock read) when
+// nobody observes phases.
+func (rt *Runtime) beginLoad() time.Time {
+	if rt.phases.observer.Load() == nil {
 		return time.Time{}
 	}
 	return time.Now()
+}
+
+// observeLoad tells the phase observer that a stream produced a batch of batch's examples since begin.
+func (rt *Runtime) observeLoad(begin time.Time, inputs []*tensors.Tensor) {
+	if begin.IsZero() {
+		return
+	}
+	rows := int64(0)
+	if len(inputs) > 0 && inputs[0].Shape().Rank() > 0 {
+		rows = int64(inputs[0].Shape().Dimensions[0])
+	}
+	rt.observePhase(Phase{Kind: PhaseLoad, Index: rows}, begin)
 }
 
 // inPhase runs fn as the phase of kind and index.

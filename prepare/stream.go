@@ -26,11 +26,13 @@ func (l *DataLoader) iterateStream(yield func(Batch, error) bool) {
 	readRound := func() ([]streamBatch, error) {
 		var round []streamBatch
 		for len(round) < size && !eof {
+			begin := l.rt.beginLoad()
 			_, inputs, labels, err := l.stream.Yield()
 			if errors.Is(err, io.EOF) {
 				eof = true
 				break
 			}
+			l.rt.observeLoad(begin, inputs)
 			if err != nil {
 				return nil, fmt.Errorf("prepare: reading dataset %q: %w", l.stream.Name(), err)
 			}
