@@ -368,9 +368,9 @@ const busyPollFor = 20 * time.Millisecond
 // and wakes no thread. What it buys is in docs/notes.md, Note [time slices in waits].
 const reschedEvery = time.Millisecond
 
-// betweenPolls runs between two busy polls, as the poll mode says; inWait is how long the wait has polled,
-// and *sliceAt when it last started a time slice (see reschedEvery).
-func (c *Communicator) betweenPolls(inWait time.Duration, sliceAt *time.Duration) {
+// betweenPolls runs between two busy polls, as the poll mode says; begin is when the wait began, and
+// *sliceAt how long into it a time slice was last started (see reschedEvery).
+func (c *Communicator) betweenPolls(begin time.Time, sliceAt *time.Duration) {
 	switch c.polling {
 	case pollYieldingThreads:
 		yieldProcessor()
@@ -379,7 +379,8 @@ func (c *Communicator) betweenPolls(inWait time.Duration, sliceAt *time.Duration
 		runtime.Gosched()
 		return
 	}
-	if inWait-*sliceAt >= reschedEvery {
+	// Measured after the yield: on a loaded machine the yield itself can outlast several slices.
+	if inWait := time.Since(begin); inWait-*sliceAt >= reschedEvery {
 		*sliceAt = inWait
 		c.resched()
 	}
@@ -477,8 +478,8 @@ func (c *Communicator) wait(p *Pending) error {
 			}
 			return terr
 		}
-		if inWait := now.Sub(begin); inWait < busyPollFor {
-			c.betweenPolls(inWait, &sliceAt)
+		if now.Sub(begin) < busyPollFor {
+			c.betweenPolls(begin, &sliceAt)
 			continue
 		}
 		sleep = min(max(sleep*2, 10*time.Microsecond), time.Millisecond)
