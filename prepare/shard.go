@@ -129,16 +129,28 @@ func (o *Optimizer) refreshShards() error {
 	return nil
 }
 
-// gatherShards all-gathers the updated parameter blocks into the parameters, bucket by bucket through one
-// reused buffer the size of the largest padded bucket: the whole model is never held twice. The gather of
-// bucket b+1 runs while bucket b is copied into the parameters.
+// gatherShards all-gathers the updated parameter blocks into the parameters, bucket by bucket. A bucket that
+// is one parameter laid out without padding (every large parameter: it has a bucket of its own) is gathered
+// straight into the parameter's memory; the others go through one of two reused buffers the size of the
+// largest such bucket, and are copied into their parameters while the next bucket's gather runs: the whole
+// model is never held twice.
 func (o *Optimizer) gatherShards() error {
 	m := o.model
 	comm := m.rt.Comm
 	size := comm.Size()
+	direct := make([]*tensors.Tensor, len(o.paramShards)) // the parameter a bucket gathers into, if it does
 	largest := 0
-	for _, bucket := range m.plan.Buckets {
-		largest = max(largest, m.sharding.Padded(bucket.Size, size)*bucket.DType.Size())
+	for b, bucket := range m.plan.Buckets {
+		padded := m.sharding.Padded(bucket.Size, size)
+		if len(bucket.Slots) == 1 && padded == bucket.Size {
+			t, err := m.params[bucket.Slots[0].Param].Value()
+			if err != nil {
+				return err
+			}
+			direct[b] = t
+			continue
+		}
+		largest = max(largest, padded*bucket.DType.Size())
 	}
 	for i := range o.gathered {
 		if len(o.gathered[i]) < largest {
@@ -156,6 +168,13 @@ func (o *Optimizer) gatherShards() error {
 		if err != nil {
 			return nil, err
 		}
+		if direct[b] != nil {
+			recv, err := accumulate.HostBuffer(direct[b])
+			if err != nil {
+				return nil, err
+			}
+			return comm.AllGatherAsync(send, recv)
+		}
 		recv := backends.Buffer{Kind: send.Kind, Len: send.Len * size, Bytes: send.Bytes * size,
 			Ptr: unsafe.Pointer(&o.gathered[b%2][0])}
 		return comm.AllGatherAsync(send, recv)
@@ -172,6 +191,9 @@ func (o *Optimizer) gatherShards() error {
 		if b+1 < len(o.paramShards) {
 			pending, err = start(b + 1)
 		}
+		if direct[b] != nil {
+			continue
+		}
 		bucket := m.plan.Buckets[b]
 		whole := backends.Buffer{Len: bucket.Size, Bytes: bucket.Size * bucket.DType.Size(),
 			Ptr: unsafe.Pointer(&o.gathered[b%2][0])}
@@ -183,5 +205,6 @@ func (o *Optimizer) gatherShards() error {
 		}
 	}
 	runtime.KeepAlive(blocks)
+	runtime.KeepAlive(direct)
 	return nil
 }
