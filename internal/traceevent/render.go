@@ -313,3 +313,17 @@ func drawText(img *image.RGBA, x, y int, s string, c color.RGBA, limit int) {
 		x += advance * scale
 	}
 }
+
+// DrawText writes s from (x, y), its top left, in the built-in 5×7 font (capitals, digits and the
+// punctuation of glyphRows) at the renderer's scale, and returns the width it took: other stdlib-only
+// drawings (accelbench's plots) label themselves with the timeline's font.
+func DrawText(img *image.RGBA, x, y int, s string, c color.RGBA) int {
+	drawText(img, x, y, s, c, img.Bounds().Max.X)
+	return TextWidth(s)
+}
+
+// TextWidth is the width DrawText takes for s, and TextHeight the height of a line.
+func TextWidth(s string) int { return len([]rune(s)) * advance * scale }
+
+// TextHeight is the height of a line of DrawText.
+const TextHeight = glyphH * scale
