@@ -61,6 +61,14 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--limit", type=int, default=0, help="use at most this many training examples (0: all)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--comm-hook", choices=["none", "bf16", "fp16", "powersgd", "postlocal"], default="none",
+                   help="what DDP sends: every gradient (none), bf16_compress_hook (torch 1.13 takes it only with CUDA and "
+                        "NCCL), fp16_compress_hook, powerSGD_hook, or post-local SGD "
+                        "(post_localSGD_hook with PostLocalSGDOptimizer)")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="with --comm-hook powersgd: matrix_approximation_rank")
+    p.add_argument("--powersgd-start", type=int, default=1000, help="with --comm-hook powersgd: start_powerSGD_iter")
+    p.add_argument("--local-period", type=int, default=8,
+                   help="with --comm-hook postlocal: optimizer steps between two averages of the parameters")
     args = p.parse_args(argv)
     if args.procs < 1 or args.batch < 1 or args.k < 1 or args.epochs < 1:
         p.error("--procs, --batch, --k and --epochs must be at least 1")
@@ -77,6 +85,8 @@ def parse_args(argv):
         args.rank = -1
     if args.threads <= 0:
         args.threads = max(1, len(os.sched_getaffinity(0)) // local)
+    if args.comm_hook == "postlocal" and args.k != 1:
+        p.error("--comm-hook postlocal averages every --local-period optimizer steps; it takes --k 1")
     return args
 
 
@@ -176,12 +186,16 @@ def worker(rank, args, master, results):
     module = build_model(torch, args)
     model = torch.nn.parallel.DistributedDataParallel(module) if distributed else module
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    sent = [0]  # bytes this process handed to all-reduces while training
+    if distributed:
+        opt = register_comm_hook(torch, dist, model, opt, args, sent)
     parameters = sum(p.numel() for p in module.parameters())
     # Shuffles are drawn before the clock starts: data loading is not what is compared.
     shards = [torch.from_numpy(shard(len(y_train), e, rank, args.procs, args.seed)) for e in range(args.epochs)]
 
     if distributed:
         dist.barrier()
+    sent[0] = 0
     start = time.perf_counter()
     steps = 0
     for epoch in range(args.epochs):
@@ -211,6 +225,10 @@ def worker(rank, args, master, results):
     if distributed:
         dist.barrier()
     train_seconds = time.perf_counter() - start
+    if distributed and args.comm_hook == "none":
+        # DDP's built-in all-reduce runs in C++, out of the count's reach: it sends every gradient at every step.
+        sent[0] = steps * sum(p.numel() * p.element_size() for p in module.parameters())
+    collective_bytes = sent[0]
 
     correct = 0
     if rank == 0:
@@ -235,11 +253,48 @@ def worker(rank, args, master, results):
                    batch_size=args.batch, accumulation_steps=args.k, optimizer_steps=steps,
                    train_examples=len(y_train),
                    train_seconds=round(train_seconds, 6), examples_per_second=examples / train_seconds,
-                   test_accuracy=correct / len(y_test), final_loss=loss_sum / max(batches, 1))
+                   test_accuracy=correct / len(y_test), final_loss=loss_sum / max(batches, 1),
+                   comm_hook=args.comm_hook, collective_bytes=collective_bytes)
     if results is not None:
         results.put(summary)
     else:
         print(json.dumps(summary), flush=True)
+
+
+def register_comm_hook(torch, dist, model, opt, args, sent):
+    """Registers --comm-hook on the DDP model and returns the optimizer to step (post-local SGD wraps it).
+    Every all-reduce the hooks and the model averager start goes through dist.all_reduce, which is wrapped to
+    count the bytes handed to it: the counterpart of goaccel's collective_bytes."""
+    plain = dist.all_reduce
+
+    def counted(tensor, *a, **kw):
+        sent[0] += tensor.numel() * tensor.element_size()
+        return plain(tensor, *a, **kw)
+
+    dist.all_reduce = counted
+    if args.comm_hook == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.comm_hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                       start_powerSGD_iter=args.powersgd_start)
+        model.register_comm_hook(state, powersgd.powerSGD_hook)
+    elif args.comm_hook == "postlocal":
+        # Local from the first step, as goaccel's local SGD: no gradient travels (post_local_gradient_allreduce
+        # off, and no warm-up), and the optimizer averages the parameters every --local-period steps.
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as postlocal
+        from torch.distributed.algorithms.model_averaging import averagers
+        from torch.distributed.optim import PostLocalSGDOptimizer
+        state = postlocal.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=0,
+                                            post_local_gradient_allreduce=False)
+        model.register_comm_hook(state, postlocal.post_localSGD_hook)
+        return PostLocalSGDOptimizer(optim=opt, averager=averagers.PeriodicModelAverager(
+            period=args.local_period, warmup_steps=0))
+    return opt
 
 
 def free_port():
