@@ -37,6 +37,8 @@ type results struct {
 	NetworkSkipped string `json:",omitempty"`
 	// NetworkSync is what a network rank job measured (its results land in Network).
 	NetworkSync []networkSyncResult `json:",omitempty"`
+	// NetworkAllReduce is a network rank job's all-reduces timed alone (its results land in Network).
+	NetworkAllReduce []sizedSeries `json:",omitempty"`
 	// Sharding is the ZeRO section: each strategy's memory and step time (a sharding rank job returns one).
 	Sharding []shardingResult `json:",omitempty"`
 }
@@ -291,6 +293,9 @@ func runRankJob(arg string, stdout, w io.Writer) (err error) {
 	if job.Network != nil {
 		logf("network (%s): gradient syncs of %d models\n", job.Network.Label, len(job.Network.Layouts))
 		if res.NetworkSync, err = measureNetworkSync(comm, raw.barrier, *job.Network); err != nil {
+			return err
+		}
+		if res.NetworkAllReduce, err = measureNetworkAllReduce(comm, raw.barrier, *job.Network); err != nil {
 			return err
 		}
 		return writeResultsLine(stdout, topo.Rank, res)

@@ -46,6 +46,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "docs/benchmarks.md", "write the Markdown report to `FILE` (empty: no report)")
 	jsonOut := fs.String("json", "", "also write the results as JSON to `FILE`")
 	render := fs.String("render", "", "measure nothing: render the report from results saved with -json in `FILE`")
+	scalingPNG := fs.String("scaling-png", "", "also draw the α-β model's projected scaling efficiency (section 6) "+
+		"as a PNG in `FILE` (empty: none)")
 	only := fs.String("only", allSections(), "measure only these comma-separated `sections`")
 	ranks := fs.String("ranks", "", "comma-separated world sizes of the MPI measurements (default 2,4; -quick: 2)")
 	limit := fs.Int("limit", -1, "training examples of the end-to-end and ResNet runs (0: all; default all, -quick: 512 and 256)")
@@ -99,6 +101,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		if err != nil {
 			return fail(err)
+		}
+		if code := writeScaling(&res, *scalingPNG, stderr); code != 0 {
+			return code
 		}
 		return writeReport(&res, *out, stderr)
 	}
@@ -167,7 +172,30 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
+	if code := writeScaling(res, *scalingPNG, stderr); code != 0 {
+		return code
+	}
 	return writeReport(res, *out, stderr)
+}
+
+// writeScaling draws the model's projection to path, when asked; results without it are an error, so that
+// a missing image is not a surprise.
+func writeScaling(res *results, path string, stderr io.Writer) int {
+	if path == "" {
+		return 0
+	}
+	curves, _ := scalingProjection(res)
+	if len(curves) == 0 {
+		fmt.Fprintf(stderr, "accelbench: -scaling-png: the results hold no α-β model (section 6 with modes and "+
+			"all-reduce sizes, unthrottled and throttled)\n")
+		return 1
+	}
+	if err := writeScalingPNG(path, curves, res.Plan.Network); err != nil {
+		fmt.Fprintf(stderr, "accelbench: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "accelbench: wrote %s\n", path)
+	return 0
 }
 
 func writeReport(res *results, path string, stderr io.Writer) int {

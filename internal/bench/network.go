@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +33,16 @@ import (
 type networkPlan struct {
 	Rates []int64 // bit/s of every host's link, 0 unthrottled; none: skip the section
 	Hosts int     // of the emulated cluster
+	// HostCounts, when set, are the sizes of the emulated clusters instead of Hosts: every rate on each.
+	HostCounts []int `json:",omitempty"`
+	// Modes are what the end-to-end runs exchange (networkModes; none: plain only), PowerSGD's rank and
+	// start iteration and the local steps H of local SGD and DiLoCo what the modes take.
+	Modes                       []string `json:",omitempty"`
+	PowerSGDRank, PowerSGDStart int      `json:",omitempty"`
+	LocalSteps                  int      `json:",omitempty"`
+	// AlphaBetaSizes are the float32 all-reduces timed alone at each rate, from which the α-β model fits the
+	// link's latency and inverse bandwidth (none: no fit).
+	AlphaBetaSizes []int64 `json:",omitempty"`
 	// The end-to-end runs: every model, K and implementation, Rounds times each, interleaved.
 	Models        []networkModel
 	Ks            []int
@@ -126,6 +138,17 @@ type networkResult struct {
 	LinkBits float64
 	Sync     []networkSyncResult
 	Runs     []networkRun
+	// Procs is the number of hosts, one process each (0 in results saved before it was recorded: the plan's
+	// Hosts).
+	Procs int `json:",omitempty"`
+	// AllReduce are the plan's AlphaBetaSizes all-reduced alone, back to back.
+	AllReduce []sizedSeries `json:",omitempty"`
+}
+
+// sizedSeries is one all-reduce size and its times.
+type sizedSeries struct {
+	Bytes int64
+	Time  series
 }
 
 // networkSyncResult is one model's gradient sync across the hosts.
@@ -139,11 +162,16 @@ type networkSyncResult struct {
 	// Bucketed is accumulate.Reducer.Sync with the default plan, PerTensor one blocking all-reduce per
 	// tensor after another, BucketedBF16 the default plan sent as bfloat16 (accumulate.NewCompressionHook).
 	Bucketed, PerTensor, BucketedBF16 series
+	// PowerSGD is the default plan through accumulate's PowerSGD hook, compressing from the first sync, at
+	// the plan's rank (none when the plan has no PowerSGD mode).
+	PowerSGD series `json:",omitempty"`
 }
 
 // networkRun is one end-to-end variant at one rate: an implementation, a model and K, one entry per run.
 type networkRun struct {
-	Impl, Model  string // "goaccel" or "pytorch"; the networkModel's slug
+	Impl, Model string // "goaccel" or "pytorch"; the networkModel's slug
+	// Mode is what the processes exchange, one of networkModes ("" is plain: every gradient every step).
+	Mode         string `json:",omitempty"`
 	K            int
 	PerExample   series
 	TestAccuracy []float64
@@ -157,6 +185,76 @@ type networkRun struct {
 	UpdateSeconds     []float64 `json:",omitempty"`
 	// SentBytes is what host 0's link sent during the run (emulated clusters).
 	SentBytes []uint64 `json:",omitempty"`
+	// CollectiveBytes is what rank 0 handed to all-reduces while training: goaccel's summary's
+	// collective_bytes, PyTorch's count of the bytes its comm hooks and model averager all-reduce.
+	CollectiveBytes []int64 `json:",omitempty"`
+}
+
+// The modes of the end-to-end runs: what goaccel's demo and PyTorch's script exchange, and how each is asked
+// for. PyTorch has no DiLoCo.
+const (
+	modePlain    = "plain"
+	modeBF16     = "bf16"
+	modePowerSGD = "powersgd"
+	modeLocalSGD = "localsgd"
+	modeDiLoCo   = "diloco"
+)
+
+// mode is the run's mode, plain when unset.
+func (r networkRun) mode() string {
+	if r.Mode == "" {
+		return modePlain
+	}
+	return r.Mode
+}
+
+// hostCounts are the sizes of the emulated clusters the plan measures on.
+func (p networkPlan) hostCounts() []int {
+	if len(p.HostCounts) > 0 {
+		return p.HostCounts
+	}
+	return []int{p.Hosts}
+}
+
+// modes are the plan's modes, plain alone when none is named.
+func (p networkPlan) modes() []string {
+	if len(p.Modes) > 0 {
+		return p.Modes
+	}
+	return []string{modePlain}
+}
+
+// goaccelMode is how the demo is asked for a mode: its flags and the environment of the job.
+func (p networkPlan) goaccelMode(mode string) (args, env []string) {
+	switch mode {
+	case modeBF16:
+		return nil, []string{"GOACCEL_GRADIENT_COMPRESSION=bf16"}
+	case modePowerSGD:
+		return nil, []string{fmt.Sprintf("GOACCEL_POWERSGD=%d:%d", p.PowerSGDRank, p.PowerSGDStart)}
+	case modeLocalSGD:
+		return []string{"-local-sgd", strconv.Itoa(p.LocalSteps)}, nil
+	case modeDiLoCo:
+		return []string{"-diloco", strconv.Itoa(p.LocalSteps)}, nil
+	}
+	return nil, nil
+}
+
+// pytorchMode is how fashion_ddp.py is asked for a mode; ok is false where PyTorch has none. Its torch
+// (1.13) refuses bf16_compress_hook without CUDA and NCCL, so bf16's counterpart is fp16_compress_hook: the
+// same two bytes per element on the wire.
+func (p networkPlan) pytorchMode(mode string) (args []string, ok bool) {
+	switch mode {
+	case modePlain:
+		return nil, true
+	case modeBF16:
+		return []string{"--comm-hook", "fp16"}, true
+	case modePowerSGD:
+		return []string{"--comm-hook", "powersgd", "--powersgd-rank", strconv.Itoa(p.PowerSGDRank), "--powersgd-start",
+			strconv.Itoa(p.PowerSGDStart)}, true
+	case modeLocalSGD:
+		return []string{"--comm-hook", "postlocal", "--local-period", strconv.Itoa(p.LocalSteps)}, true
+	}
+	return nil, false
 }
 
 // networkSyncJob is what the ranks of a network rank job measure.
@@ -164,6 +262,10 @@ type networkSyncJob struct {
 	Layouts []gradientLayout
 	Timing  timing
 	Label   string // the rate, in benchmark names
+	// PowerSGDRank, when set, also times each layout's sync through the PowerSGD hook at that rank.
+	PowerSGDRank int `json:",omitempty"`
+	// AllReduceSizes are float32 all-reduces timed alone, for the α-β fit.
+	AllReduceSizes []int64 `json:",omitempty"`
 }
 
 // rateLabel names a rate in benchmark names and tables: "1Gbit", "10Gbit", "unthrottled", or "hosts" for
@@ -238,7 +340,7 @@ func (d *driver) measureNetwork(ctx context.Context) (_ []networkResult, skipped
 	if d.hosts != nil {
 		hosts := d.hosts.onePerHost()
 		d.progressf("network: on %s\n", hosts.describe())
-		r, err := d.measureNetworkOn(ctx, hosts, networkResult{Hosts: hosts.describe()})
+		r, err := d.measureNetworkOn(ctx, hosts, networkResult{Hosts: hosts.describe(), Procs: len(hosts.hosts)})
 		return []networkResult{r}, "", err
 	}
 	if err := clustersAvailable(); err != nil {
@@ -249,22 +351,24 @@ func (d *driver) measureNetwork(ctx context.Context) (_ []networkResult, skipped
 		d.progressf("network: removing what killed runs left behind: %v\n", err)
 	}
 	var out []networkResult
-	for _, rate := range p.Rates {
-		c, err := netcluster.New(p.Hosts, netcluster.WithRate(rate))
-		if err != nil {
-			return nil, "", err
+	for _, n := range p.hostCounts() {
+		for _, rate := range p.Rates {
+			c, err := netcluster.New(n, netcluster.WithRate(rate))
+			if err != nil {
+				return nil, "", err
+			}
+			hosts := emulatedHostSet(c)
+			res := networkResult{RateBits: rate, BurstBytes: c.BurstBytes, Emulated: true, Hosts: hosts.describe(), Procs: n}
+			d.progressf("network: %d hosts, %s, emulated cluster %s\n", n, res.rateName(), c.ID)
+			r, err := d.measureNetworkOn(ctx, hosts, res)
+			if closeErr := c.Close(); err == nil {
+				err = closeErr
+			}
+			if err != nil {
+				return nil, "", fmt.Errorf("network, %d hosts, %s: %w", n, res.rateName(), err)
+			}
+			out = append(out, r)
 		}
-		hosts := emulatedHostSet(c)
-		res := networkResult{RateBits: rate, BurstBytes: c.BurstBytes, Emulated: true, Hosts: hosts.describe()}
-		d.progressf("network: %s, emulated cluster %s\n", res.rateName(), c.ID)
-		r, err := d.measureNetworkOn(ctx, hosts, res)
-		if closeErr := c.Close(); err == nil {
-			err = closeErr
-		}
-		if err != nil {
-			return nil, "", fmt.Errorf("network, %s: %w", res.rateName(), err)
-		}
-		out = append(out, r)
 	}
 	return out, "", nil
 }
@@ -285,14 +389,24 @@ func (d *driver) measureNetworkOn(ctx context.Context, hosts *hostSet, res netwo
 		}
 	}
 	label := rateLabel(res.RateBits, res.Emulated)
-	job := rankJob{Plan: d.plan, Network: &networkSyncJob{Layouts: p.Syncs, Timing: p.SyncTiming, Label: label}}
+	job := rankJob{Plan: d.plan, Network: &networkSyncJob{Layouts: p.Syncs, Timing: p.SyncTiming, Label: label,
+		AllReduceSizes: p.AlphaBetaSizes}}
+	if slices.Contains(p.Modes, modePowerSGD) {
+		job.Network.PowerSGDRank = p.PowerSGDRank
+	}
 	r, err := d.runRanks(ctx, len(hosts.hosts), hosts, job)
 	if err != nil {
 		return res, err
 	}
-	res.Sync = r.NetworkSync
+	res.Sync, res.AllReduce = r.NetworkSync, r.NetworkAllReduce
 	for _, s := range res.Sync {
 		d.emit(s.Bucketed, s.PerTensor, s.BucketedBF16)
+		if len(s.PowerSGD.Seconds) > 0 {
+			d.emit(s.PowerSGD)
+		}
+	}
+	for _, a := range res.AllReduce {
+		d.emit(a.Time)
 	}
 	if res.Runs, err = d.networkEndToEnd(ctx, hosts, label); err != nil {
 		return res, err
@@ -415,10 +529,22 @@ func measureNetworkSync(comm *backends.Communicator, barrier func() error, job n
 		name := func(v string) string {
 			return fmt.Sprintf("NetworkSync/model=%s/%s/rate=%s/ranks=%d", l.Slug, v, job.Label, comm.Size())
 		}
-		s, err := group{comm: comm, barrier: barrier, timing: job.Timing}.measure(
-			variant{name("bucketed"), reducerLoop(comm, bucketed)},
-			variant{name("per-tensor"), sequentialLoop(comm, perTensor)},
-			variant{name("bucketed-bf16"), reducerLoop(comm, compressed, accumulate.WithCommHook(hook))})
+		variants := []variant{{name("bucketed"), reducerLoop(comm, bucketed)},
+			{name("per-tensor"), sequentialLoop(comm, perTensor)},
+			{name("bucketed-bf16"), reducerLoop(comm, compressed, accumulate.WithCommHook(hook))}}
+		if job.PowerSGDRank > 0 {
+			// Compressing from the first sync: the time of a sync once training is past the start iteration.
+			psgd, err := accumulate.NewPowerSGDHook(accumulate.PowerSGDConfig{Rank: job.PowerSGDRank})
+			if err != nil {
+				return nil, err
+			}
+			set, err := newBucketSet(params, 0, defaultBucketCapBytes)
+			if err != nil {
+				return nil, err
+			}
+			variants = append(variants, variant{name("bucketed-powersgd"), reducerLoop(comm, set, accumulate.WithCommHook(psgd))})
+		}
+		s, err := group{comm: comm, barrier: barrier, timing: job.Timing}.measure(variants...)
 		if err != nil {
 			return nil, fmt.Errorf("network sync of %s: %w", l.Name, err)
 		}
@@ -426,7 +552,35 @@ func measureNetworkSync(comm *backends.Communicator, barrier func() error, job n
 			s[i].Bytes = res.Bytes
 		}
 		res.Bucketed, res.PerTensor, res.BucketedBF16 = s[0], s[1], s[2]
+		if len(s) > 3 {
+			res.PowerSGD = s[3]
+		}
 		out = append(out, res)
+	}
+	return out, nil
+}
+
+// measureNetworkAllReduce times float32 all-reduces of each size alone, back to back: the points the α-β
+// model's fit of the link goes through. Collective.
+func measureNetworkAllReduce(comm *backends.Communicator, barrier func() error, job networkSyncJob) ([]sizedSeries, error) {
+	var out []sizedSeries
+	for _, size := range job.AllReduceSizes {
+		buf := make([]float32, size/4)
+		s, err := group{comm: comm, barrier: barrier, timing: job.Timing}.measure(variant{
+			fmt.Sprintf("NetworkAllReduce/size=%s/rate=%s/ranks=%d", formatBytes(size), job.Label, comm.Size()),
+			func(iters int) error {
+				for range iters {
+					if err := comm.AllReduceSum(backends.BufferOf(buf)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}})
+		if err != nil {
+			return nil, fmt.Errorf("all-reduce of %s: %w", formatBytes(size), err)
+		}
+		s[0].Bytes = size
+		out = append(out, sizedSeries{Bytes: size, Time: s[0]})
 	}
 	return out, nil
 }
@@ -442,18 +596,30 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 	var variants []variant
 	for _, m := range p.Models {
 		for _, k := range p.Ks {
-			for _, impl := range networkImpls {
-				variants = append(variants, variant{m, networkRun{Impl: impl, Model: m.slug(), K: k, PerExample: series{
-					Name: fmt.Sprintf("NetworkEndToEnd/model=%s/impl=%s/k=%d/rate=%s/procs=%d", m.slug(), impl, k, label,
-						len(hosts.hosts))}}})
+			for _, mode := range p.modes() {
+				for _, impl := range networkImpls {
+					if _, ok := p.pytorchMode(mode); impl == "pytorch" && !ok {
+						continue
+					}
+					name := fmt.Sprintf("NetworkEndToEnd/model=%s/impl=%s/k=%d/rate=%s/procs=%d", m.slug(), impl, k, label,
+						len(hosts.hosts))
+					run := networkRun{Impl: impl, Model: m.slug(), K: k}
+					if mode != modePlain {
+						// Plain runs keep the names of results saved before there were modes.
+						run.Mode = mode
+						name = strings.Replace(name, "/k=", "/mode="+mode+"/k=", 1)
+					}
+					run.PerExample = series{Name: name}
+					variants = append(variants, variant{m, run})
+				}
 			}
 		}
 	}
 	for round := range p.Rounds {
 		for _, i := range rand.New(rand.NewPCG(uint64(round), 0x6e7)).Perm(len(variants)) {
 			v := &variants[i]
-			d.progressf("network: %s, %s, K=%d, %s (round %d of %d)\n", label, v.model.describe(), v.run.K, v.run.Impl,
-				round+1, p.Rounds)
+			d.progressf("network: %d hosts, %s, %s, K=%d, %s, %s (round %d of %d)\n", len(hosts.hosts), label,
+				v.model.describe(), v.run.K, v.run.mode(), v.run.Impl, round+1, p.Rounds)
 			var before netcluster.LinkStats
 			if c := hosts.cluster; c != nil {
 				var err error
@@ -461,12 +627,12 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 					return nil, err
 				}
 			}
-			s, err := d.trainOnNetwork(ctx, hosts, v.run.Impl, v.model, v.run.K)
+			s, err := d.trainOnNetwork(ctx, hosts, v.run.Impl, v.model, v.run.K, v.run.mode())
 			if err == nil && !(s.ExamplesPerSecond > 0 && s.OptimizerSteps > 0) {
 				err = errors.New("its summary line reports no examples_per_second or optimizer_steps")
 			}
 			if err != nil {
-				return nil, fmt.Errorf("%s with %s, K=%d: %w", v.model.describe(), v.run.Impl, v.run.K, err)
+				return nil, fmt.Errorf("%s with %s, K=%d, %s: %w", v.model.describe(), v.run.Impl, v.run.K, v.run.mode(), err)
 			}
 			r := &v.run
 			r.PerExample.Iters = s.TrainExamples * s.Epochs
@@ -474,6 +640,7 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 			r.TestAccuracy = append(r.TestAccuracy, s.TestAccuracy)
 			r.StepSeconds = append(r.StepSeconds, s.TrainSeconds/float64(s.OptimizerSteps))
 			r.Steps = append(r.Steps, s.OptimizerSteps)
+			r.CollectiveBytes = append(r.CollectiveBytes, s.CollectiveBytes)
 			if v.run.Impl == "goaccel" && s.MicroBatches > 0 {
 				r.MicroBatchSeconds = append(r.MicroBatchSeconds, s.MicroBatchComputeSeconds/float64(s.MicroBatches))
 				r.UpdateSeconds = append(r.UpdateSeconds, (s.ComputeSeconds-s.MicroBatchComputeSeconds)/float64(s.OptimizerSteps))
@@ -503,11 +670,12 @@ type networkSummary struct {
 	MicroBatches             int64   `json:"micro_batches"`
 	ComputeSeconds           float64 `json:"compute_seconds"`
 	MicroBatchComputeSeconds float64 `json:"micro_batch_compute_seconds"`
+	CollectiveBytes          int64   `json:"collective_bytes"`
 }
 
 // trainOnNetwork trains once across the hosts, one process each with one compute thread, and returns
 // rank 0's summary.
-func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string, m networkModel, k int) (networkSummary, error) {
+func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string, m networkModel, k int, mode string) (networkSummary, error) {
 	p, s := d.plan.Network, d.endToEnd
 	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
 	defer cancel()
@@ -520,7 +688,9 @@ func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string
 	var summary networkSummary
 	n := len(hosts.hosts)
 	if impl == "goaccel" {
-		cmd, err := hosts.mpirun(ctx, n, s.demo, append(job("-"), "-quiet"), jobEnv(cpu.ThreadsEnvVar+"=1"))
+		args, env := p.goaccelMode(mode)
+		cmd, err := hosts.mpirun(ctx, n, s.demo, append(append(job("-"), args...), "-quiet"),
+			jobEnv(append([]string{cpu.ThreadsEnvVar + "=1"}, env...)...))
 		if err != nil {
 			return summary, err
 		}
@@ -536,7 +706,8 @@ func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string
 	for i := range n {
 		argv := append([]string{s.python, "-", "--rank", strconv.Itoa(i), "--world", strconv.Itoa(n), "--master-addr",
 			hosts.masterAddr, "--master-port", port, "--threads", "1"}, hosts.glooNetwork...)
-		cmds[i] = hosts.onHost(ctx, i, append(argv, job("--")...))
+		modeArgs, _ := p.pytorchMode(mode)
+		cmds[i] = hosts.onHost(ctx, i, append(append(argv, job("--")...), modeArgs...))
 		cmds[i].Stdin, cmds[i].Stdout, cmds[i].Stderr = bytes.NewReader(pytorchScript), io.Discard, d.progress
 		if i == 0 {
 			cmds[i].Stdout = &rank0

@@ -177,7 +177,7 @@ esac`)
 	d, _ := plumbingDriver(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a watchdog: the sleeper must be stopped
 	defer cancel()
-	_, err := d.trainOnNetwork(ctx, d.hosts, "pytorch", d.plan.Network.Models[0], 2)
+	_, err := d.trainOnNetwork(ctx, d.hosts, "pytorch", d.plan.Network.Models[0], 2, modePlain)
 	require.Error(t, err)
 	require.NoError(t, ctx.Err(), "the failed rank did not stop the other")
 	assert.Contains(t, err.Error(), "rank 1 (")

@@ -36,7 +36,8 @@ func networkPairs(res *results, model string) []networkPair {
 		for _, g := range rate.Runs {
 			for _, t := range rate.Runs {
 				if g.Model == model && t.Model == model && g.Impl == "goaccel" && t.Impl == "pytorch" && g.K == t.K &&
-					len(g.PerExample.Seconds) > 0 && len(t.PerExample.Seconds) > 0 {
+					g.mode() == modePlain && t.mode() == modePlain && len(g.PerExample.Seconds) > 0 &&
+					len(t.PerExample.Seconds) > 0 {
 					out = append(out, networkPair{rate, g, t})
 				}
 			}
@@ -76,7 +77,7 @@ func networkGoals(res *results) []*goal {
 			compression.judge(c >= goalCompressionSpeedup, "%s: %.2f×", s.Model, c)
 		}
 	}
-	return append(out, limit, compression)
+	return append(append(out, limit, compression), modeGoals(res)...)
 }
 
 // network renders section 6.
@@ -86,8 +87,9 @@ func (r *reporter) network() {
 		return
 	}
 	p := r.res.Plan.Network
-	where := fmt.Sprintf("an emulated cluster of %d hosts (network namespaces joined by a bridge, one veth link per "+
-		"host), built once per rate, the rate set on both ends of every link by a token-bucket filter", p.Hosts)
+	where := fmt.Sprintf("an emulated cluster of %s hosts (network namespaces joined by a bridge, one veth link per "+
+		"host), built once per rate, the rate set on both ends of every link by a token-bucket filter",
+		joinOr(intStrings(p.hostCounts())))
 	if !rates[0].Emulated {
 		where = "the hosts " + rates[0].Hosts + ", their network as it is"
 	}
@@ -96,8 +98,44 @@ func (r *reporter) network() {
 		"it), gloo PyTorch's.", where)
 	r.networkLinks()
 	r.networkEndToEnd()
+	r.networkModes()
 	r.networkSync()
 	r.networkOverlap()
+	r.networkModel()
+}
+
+// where names a rate for a table's first column: with one cluster size the rate, with several the hosts
+// too. Rates above 1 Gbit/s are marked: a token bucket there is not a faithful link (see the note beside
+// their tables).
+func (r *reporter) where(rate networkResult) string {
+	name := rate.rateName()
+	if rate.Emulated && rate.RateBits > goalRateBits {
+		name += "*"
+	}
+	if len(r.res.Plan.Network.hostCounts()) < 2 {
+		return name
+	}
+	return fmt.Sprintf("%d hosts, %s", rate.procs(r.res.Plan.Network), name)
+}
+
+// unfaithful is the note beside tables that hold a rate marked by where.
+func (r *reporter) unfaithful() {
+	for _, rate := range r.res.Network {
+		if rate.Emulated && rate.RateBits > goalRateBits {
+			r.p("\\* Above 1 Gbit/s the emulated link is not faithful: the token-bucket filter banks tokens while the " +
+				"link is idle and lets a whole sync through at the machine's speed, and this machine's copying between " +
+				"namespaces bounds the rate itself; read these rows as a fast link, not as 10 Gbit/s Ethernet.\n\n")
+			return
+		}
+	}
+}
+
+// procs is the number of hosts of a result.
+func (r networkResult) procs(p networkPlan) int {
+	if r.Procs > 0 {
+		return r.Procs
+	}
+	return p.Hosts
 }
 
 func (r *reporter) networkLinks() {
@@ -116,7 +154,7 @@ func (r *reporter) networkLinks() {
 				machineBound = append(machineBound, rate.rateName())
 			}
 		}
-		rows = append(rows, []string{rate.rateName(), burst, formatBits(rate.LinkBits), share})
+		rows = append(rows, []string{r.where(rate), burst, formatBits(rate.LinkBits), share})
 	}
 	r.p("**The links.** Before anything else at a rate, one TCP stream from host 0 to host 1 for about %s "+
 		"(the first fifth, where the token bucket's burst passes, not counted) checks that the limiter is on: a "+
@@ -145,13 +183,14 @@ func (r *reporter) networkEndToEnd() {
 		var rows [][]string
 		for _, pair := range pairs {
 			g, t := pair.goaccel, pair.pytorch
-			rows = append(rows, []string{pair.rate.rateName(), fmt.Sprint(g.K), rateCell(g.PerExample),
+			rows = append(rows, []string{r.where(pair.rate), fmt.Sprint(g.K), rateCell(g.PerExample),
 				rateCell(t.PerExample), fmt.Sprintf("%.2f×", pair.ratio()), fmt.Sprintf("%.4f", quantile(g.TestAccuracy, 0.5)),
 				fmt.Sprintf("%.4f", quantile(t.TestAccuracy, 0.5))})
 		}
 		r.p("%s, %d training examples, %s per sync:\n\n", m.describe(), m.Limit, formatMegabytes(m.layout().bytes()))
 		r.table([]string{"Rate", ">K", ">goaccel examples/s", ">PyTorch examples/s", ">goaccel / PyTorch",
 			">goaccel test accuracy", ">PyTorch test accuracy"}, rows)
+		r.unfaithful()
 	}
 	var banked []string
 	for _, rate := range r.res.Network {
@@ -160,6 +199,7 @@ func (r *reporter) networkEndToEnd() {
 				rate.rateName(), formatDuration(float64(rate.BurstBytes)*8/float64(rate.RateBits))))
 		}
 	}
+	banked = dedupe(banked) // one line per rate, however many cluster sizes ran at it
 	if len(banked) > 0 {
 		r.p("A throttled link banks the tokens of the time it is idle, up to its bucket: %s. While the "+
 			"processes compute between two syncs the bucket refills, and the next sync spends it at the machine's "+
@@ -174,6 +214,12 @@ func (r *reporter) networkSync() {
 	var rows [][]string
 	var bursts []string
 	worst := 0.0 // the most the bucket can shorten a sync's median, relative to it
+	withPowerSGD := false
+	for _, rate := range rates {
+		for _, s := range rate.Sync {
+			withPowerSGD = withPowerSGD || len(s.PowerSGD.Seconds) > 0
+		}
+	}
 	for _, rate := range rates {
 		for _, s := range rate.Sync {
 			limit, vsLimit := "—", "—"
@@ -190,10 +236,18 @@ func (r *reporter) networkSync() {
 					}
 				}
 			}
-			rows = append(rows, []string{rate.rateName(), fmt.Sprintf("%s, %s", s.Model, formatMegabytes(s.Bytes)),
+			row := []string{r.where(rate), fmt.Sprintf("%s, %s", s.Model, formatMegabytes(s.Bytes)),
 				limit, fmt.Sprintf("%s (%d)", timeCell(s.Bucketed), s.Buckets), fmt.Sprintf("%s (%d)", timeCell(s.PerTensor), s.Tensors),
 				timeCell(s.BucketedBF16), vsLimit, fmt.Sprintf("%.2f×", ratio(s.Bucketed, s.PerTensor)),
-				fmt.Sprintf("%.2f×", ratio(s.BucketedBF16, s.Bucketed))})
+				fmt.Sprintf("%.2f×", ratio(s.BucketedBF16, s.Bucketed))}
+			if withPowerSGD {
+				cell := "—"
+				if len(s.PowerSGD.Seconds) > 0 {
+					cell = timeCell(s.PowerSGD)
+				}
+				row = append(row, cell)
+			}
+			rows = append(rows, row)
 		}
 	}
 	if len(rows) == 0 {
@@ -203,9 +257,18 @@ func (r *reporter) networkSync() {
 		"default plan, by one blocking all-reduce per tensor, and by the Reducer sending bf16 " +
 		"(`GOACCEL_GRADIENT_COMPRESSION=bf16`), interleaved as in section 2, syncs timed back to back. The link's " +
 		"limit is 2(N−1)/N·S/B: what each host's link must carry each way, at the rate. In parentheses: all-reduces " +
-		"per sync.\n\n")
-	r.table([]string{"Rate", "Gradients", ">Link's limit", ">Bucketed", ">Per tensor", ">Bucketed, bf16",
-		">Bucketed / limit", ">Per tensor / bucketed", ">bf16 faster by"}, rows)
+		"per sync.")
+	columns := []string{"Rate", "Gradients", ">Link's limit", ">Bucketed", ">Per tensor", ">Bucketed, bf16",
+		">Bucketed / limit", ">Per tensor / bucketed", ">bf16 faster by"}
+	if withPowerSGD {
+		r.p(" *Bucketed, PowerSGD* is the same plan through the PowerSGD hook at rank %d, compressing from the first "+
+			"sync: a sync past the start iteration, factors, arithmetic and all.", r.res.Plan.Network.PowerSGDRank)
+		columns = append(columns, ">Bucketed, PowerSGD")
+	}
+	r.p("\n\n")
+	r.table(columns, rows)
+	r.unfaithful()
+	bursts = dedupe(bursts)
 	if len(bursts) > 0 {
 		r.p("The token bucket holds a whole sync of %s. Timed back to back, only the first sync of a sample can "+
 			"start on a full bucket, which shortens any median above by at most %.1f%%.\n\n", joinAnd(bursts),
@@ -229,7 +292,7 @@ func (r *reporter) networkOverlap() {
 			}
 			sync := rate.Sync[i].Bucketed.median()
 			for _, run := range rate.Runs {
-				if run.Model != m.slug() || run.Impl != "goaccel" || len(run.MicroBatchSeconds) == 0 {
+				if run.Model != m.slug() || run.Impl != "goaccel" || run.mode() != modePlain || len(run.MicroBatchSeconds) == 0 {
 					continue
 				}
 				micro, step := quantile(run.MicroBatchSeconds, 0.5), quantile(run.StepSeconds, 0.5)
@@ -239,12 +302,16 @@ func (r *reporter) networkOverlap() {
 				}
 				idle := max(step-float64(run.K)*micro-update, 0)
 				saved := min(micro, idle, sync)
-				rows = append(rows, []string{rate.rateName(), m.describe(), fmt.Sprint(run.K), formatDuration(micro),
+				rows = append(rows, []string{r.where(rate), m.describe(), fmt.Sprint(run.K), formatDuration(micro),
 					formatDuration(sync), formatDuration(step), formatDuration(idle),
 					fmt.Sprintf("%s (%.0f%%)", formatDuration(saved), 100*saved/step)})
 				if run.K == smallestK {
-					at = append(at, fmt.Sprintf("%s of a %s step for the %s %s", formatDuration(saved),
-						formatDuration(step), m.describe(), rate.atRate()))
+					hosts := ""
+					if len(r.res.Plan.Network.hostCounts()) > 1 {
+						hosts = fmt.Sprintf(" on %d hosts", rate.procs(r.res.Plan.Network))
+					}
+					at = append(at, fmt.Sprintf("%s of a %s step for the %s %s%s", formatDuration(saved),
+						formatDuration(step), m.describe(), rate.atRate(), hosts))
 				}
 			}
 		}
@@ -261,6 +328,34 @@ func (r *reporter) networkOverlap() {
 		joinAnd(at), methodDoc, methodDoc)
 	r.table([]string{"Rate", "Model", ">K", ">Micro-batch forward + backward", ">Sync alone", ">Time per optimizer step",
 		">Step not computing", ">Overlap saves at most"}, rows)
+}
+
+// dedupe drops repeated items, keeping the first of each.
+func dedupe(items []string) []string {
+	var out []string
+	for _, s := range items {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// intStrings formats integers.
+func intStrings(v []int) []string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = fmt.Sprint(x)
+	}
+	return out
+}
+
+// joinOr lists alternatives: "2", "2 or 4", "2, 4 or 8".
+func joinOr(items []string) string {
+	if len(items) < 2 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
 }
 
 // formatMegabytes is a size in decimal megabytes, as link rates count: "3.25 MB".

@@ -3,6 +3,7 @@ package bench
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -23,6 +24,7 @@ func withCalls(name string, sec, calls float64) series {
 func syntheticResults() *results {
 	p := fullPlan()
 	p.Ranks = []int{2}
+	p.Network = twoModelNetwork()
 	res := &results{Plan: p, Machine: machine{CPU: "Test CPU", Cores: 2, LoadBefore: "0.10 0.20 0.30", PyTorch: "1.13"}}
 	res.AllReduce = []allReduceResult{
 		{Ranks: 2, Bytes: 64 << 10, Raw: constant("r", 1), Goaccel: constant("g", 2), Iallreduce: constant("i", 1)},   // below 1 MB: not judged
@@ -84,6 +86,18 @@ func syntheticResults() *results {
 		TestAccuracy: []float64{0.905}}
 	res.Network = syntheticNetwork()
 	return res
+}
+
+// twoModelNetwork is section 6 as it was planned before its modes and cluster sizes: two models, K = 4
+// and 1, plain training on 2 hosts. Its tables and goals keep rendering.
+func twoModelNetwork() networkPlan {
+	models := []networkModel{{Name: "mlp", Hidden: 1024, Limit: 24576}, {Name: "cnn", Hidden: 128, Limit: 12288}}
+	p := networkPlan{Rates: []int64{0, 10_000_000_000, 1_000_000_000}, Hosts: 2, Models: models, Ks: []int{4, 1},
+		Batch: 64, Epochs: 1, LR: 0.002, Seed: 42, Rounds: 1,
+		SyncTiming: timing{Samples: 9, SampleTime: 500 * time.Millisecond, MinIters: 1, MaxIters: 100},
+		LinkCheck:  time.Second}
+	p.Syncs = networkSyncs(models, deepMLP())
+	return p
 }
 
 // syntheticNetwork is section 6 unthrottled and at 1 Gbit/s. The 1024-wide MLP's throughput misses its goal
