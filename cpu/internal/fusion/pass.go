@@ -188,9 +188,12 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 	}
 	// Row kernels first: element-wise chains would otherwise take the element-wise parts of the softmaxes
 	// and layer norms they replace.
-	rowNodes, err := rewriteRows(outputs)
-	if err != nil {
-		return Result{RowKernels: rowNodes}, err
+	var rowNodes int
+	if rowKernelsOn {
+		var err error
+		if rowNodes, err = rewriteRows(outputs); err != nil {
+			return Result{RowKernels: rowNodes}, err
+		}
 	}
 	g := newGraph(outputs)
 	elements := map[*simplego.Node]element{}

@@ -29,6 +29,9 @@ import (
 // The intermediate nodes the rewritten ones replace are then read by nothing and never run. A graph built
 // any other way is left as it is: every node of a pattern is checked, operation and operands.
 
+// rowKernelsOn turns the row kernels on; benchmarks turn them off to measure the chains they replace.
+var rowKernelsOn = true
+
 // rowKernel is a node's program that runs a row at a time (see rowKernelKinds).
 type rowKernel interface {
 	run(backend *simplego.Backend, inputs []*simplego.Buffer, inputsOwned []bool) (*simplego.Buffer, error)

@@ -346,3 +346,53 @@ func TestRowKernelsLeaveOtherGraphsAlone(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkRowKernels times the transformer example's softmaxes (causal attention scores [32, 64, 4, 64])
+// and layer norms ([32, 64, 128]) as element-wise chains around the reductions ("chains") and as row
+// kernels ("rows"), forward alone and forward with the gradient.
+func BenchmarkRowKernels(b *testing.B) {
+	_, fused := backendsUnderTest(b)
+	rng := rand.New(rand.NewPCG(11, 12))
+	scores := []int{32, 64, 4, 64}
+	for _, bc := range []struct {
+		name string
+		dims []int
+		fn   func(x, w *graph.Node) []*graph.Node
+	}{
+		{"softmax", scores, func(x, _ *graph.Node) []*graph.Node {
+			return []*graph.Node{graph.MaskedSoftmax(x, causalMask(x.Graph(), scores), -1)}
+		}},
+		{"softmax+gradient", scores, func(x, w *graph.Node) []*graph.Node {
+			y := graph.MaskedSoftmax(x, causalMask(x.Graph(), scores), -1)
+			return []*graph.Node{y, graph.Gradient(graph.ReduceAllSum(graph.Mul(y, w)), x)[0]}
+		}},
+		{"layernorm", []int{32, 64, 128}, func(x, w *graph.Node) []*graph.Node {
+			mean := graph.ReduceAndKeep(x, graph.ReduceMean, -1)
+			c := graph.Sub(x, mean)
+			variance := graph.ReduceAndKeep(graph.Square(c), graph.ReduceMean, -1)
+			n := graph.Div(c, graph.Sqrt(graph.Add(variance, graph.ConstAs(x, 1e-5))))
+			gain := graph.Reshape(graph.Slice(w, graph.AxisRange(0, 1), graph.AxisRange(0, 1)), 1, 1, 128)
+			offset := graph.Reshape(graph.Slice(w, graph.AxisRange(1, 2), graph.AxisRange(0, 1)), 1, 1, 128)
+			return []*graph.Node{graph.Add(graph.Mul(n, gain), offset)}
+		}},
+	} {
+		for _, on := range []bool{false, true} {
+			name := map[bool]string{false: "chains", true: "rows"}[on]
+			b.Run(bc.name+"/"+name, func(b *testing.B) {
+				defer func(was bool) { rowKernelsOn = was }(rowKernelsOn)
+				rowKernelsOn = on
+				s := shapes.Make(dtypes.Float32, bc.dims...)
+				x, w := computetest.RandomTensor(rng, s), computetest.RandomTensor(rng, s)
+				exec := graph.MustNewExec(fused, bc.fn)
+				exec.MustExec(x, w)
+				b.SetBytes(int64(4 * s.Size()))
+				b.ResetTimer()
+				for range b.N {
+					for _, out := range exec.MustExec(x, w) {
+						out.FinalizeAll()
+					}
+				}
+			})
+		}
+	}
+}
