@@ -50,6 +50,7 @@ func (b *fusingBuilder) Compile(outputs []backends.Op, shardings []*backends.Sha
 				return nil, fmt.Errorf("fusion: %w", err)
 			}
 			fusedChains.Add(uint64(fused.Chains))
+			rowNodes.Add(uint64(fused.RowKernels))
 			fusedOps.Add(uint64(fused.Ops))
 		}
 	}
@@ -80,13 +81,17 @@ var (
 	// identity is the Identity executor the patch replaced: simplego's.
 	identity gomlxpatch.Executor
 
-	fusedChains, fusedOps, runs atomic.Uint64
+	fusedChains, fusedOps, runs, rowNodes, rowRuns atomic.Uint64
 )
 
 func execFused(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
 	inputsOwned []bool) (*simplego.Buffer, error) {
-	if p, ok := gomlxpatch.NodeData(node).(*program); ok {
+	switch p := gomlxpatch.NodeData(node).(type) {
+	case *program:
 		runs.Add(1)
+		return p.run(backend, inputs, inputsOwned)
+	case rowKernel:
+		rowRuns.Add(1)
 		return p.run(backend, inputs, inputsOwned)
 	}
 	return identity(backend, node, inputs, inputsOwned)
@@ -129,9 +134,13 @@ type Counts struct {
 	Chains uint64 // fused nodes compiled
 	Ops    uint64 // element-wise operations they replace
 	Runs   uint64 // executions of fused nodes
+	// RowKernels and RowRuns count the nodes rewritten into row kernels (softmaxes, their gradients, layer
+	// norms) and their executions.
+	RowKernels, RowRuns uint64
 }
 
 // Calls returns the counts so far.
 func Calls() Counts {
-	return Counts{Chains: fusedChains.Load(), Ops: fusedOps.Load(), Runs: runs.Load()}
+	return Counts{Chains: fusedChains.Load(), Ops: fusedOps.Load(), Runs: runs.Load(), RowKernels: rowNodes.Load(),
+		RowRuns: rowRuns.Load()}
 }

@@ -17,6 +17,8 @@ import (
 type Result struct {
 	Chains int // nodes rewritten to run a program
 	Ops    int // element-wise operations those programs compute
+	// RowKernels counts the nodes rewritten into row kernels: softmaxes, their gradients, layer norms.
+	RowKernels int
 }
 
 // Limits of one fused chain: its operations (each a few instructions per element), and so its registers,
@@ -184,6 +186,15 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 	if err := gomlxpatch.CheckSimplegoLayout(); err != nil {
 		return Result{}, err
 	}
+	// Row kernels first: element-wise chains would otherwise take the element-wise parts of the softmaxes
+	// and layer norms they replace.
+	var rowNodes int
+	if rowKernelsOn {
+		var err error
+		if rowNodes, err = rewriteRows(outputs); err != nil {
+			return Result{RowKernels: rowNodes}, err
+		}
+	}
 	g := newGraph(outputs)
 	elements := map[*simplego.Node]element{}
 	chainOf := map[*simplego.Node]*chain{}
@@ -213,7 +224,7 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 			chains = append(chains, c)
 		}
 	}
-	var result Result
+	result := Result{RowKernels: rowNodes}
 	for _, c := range chains {
 		// Inputs before the nodes that read them.
 		slices.SortFunc(c.members, func(a, b *simplego.Node) int { return g.position[a] - g.position[b] })

@@ -1,0 +1,346 @@
+package fusion
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/gomlx/gomlx/backends/simplego"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/internal/vec32"
+)
+
+// Products in these kernels are written float32(a*b) where a sum follows: the conversion rounds the product,
+// which keeps the compiler from fusing it into a multiply-add on GOAMD64=v3 (the bits must not depend on the
+// build's instruction level).
+
+// rowScratch is a row's worth of float32 scratch, and the mask rows' prefix lengths.
+type rowScratch struct {
+	row      []float32
+	prefixes []int32
+}
+
+// rowLayout says how a [rows, n] tensor's rows find their rows of a mask that broadcasts over some of the
+// leading axes (a causal mask [1, T, 1, T] under attention scores [b, T, h, T]).
+type rowLayout struct {
+	shape    shapes.Shape // the rows' tensor
+	n, rows  int
+	maskDims []int // the mask's dimensions laid over the shape's (1 where it broadcasts); nil: no mask
+	scratch  sync.Pool
+}
+
+func newRowLayout(shape shapes.Shape, maskDims []int) *rowLayout {
+	n := shape.Dimensions[shape.Rank()-1]
+	rows := 0
+	if n > 0 {
+		rows = shape.Size() / n
+	}
+	return &rowLayout{shape: shape.Clone(), n: n, rows: rows, maskDims: maskDims}
+}
+
+func (l *rowLayout) state() *rowScratch {
+	if s, ok := l.scratch.Get().(*rowScratch); ok {
+		return s
+	}
+	return &rowScratch{row: make([]float32, l.n)}
+}
+
+// maskRows is the number of rows of the mask's (source) tensor.
+func (l *rowLayout) maskRows() int {
+	rows := 1
+	for _, d := range l.maskDims[:len(l.maskDims)-1] {
+		rows *= d
+	}
+	return rows
+}
+
+// prefixes sets, for every row of the mask, the length of its leading run of trues when every element
+// after it is false (a causal mask's rows), or −1.
+func (l *rowLayout) prefixes(s *rowScratch, mask []bool) []int32 {
+	rows := l.maskRows()
+	if cap(s.prefixes) < rows {
+		s.prefixes = make([]int32, rows)
+	}
+	p := s.prefixes[:rows]
+	for r := range p {
+		row := mask[r*l.n : (r+1)*l.n]
+		length := 0
+		for length < len(row) && row[length] {
+			length++
+		}
+		p[r] = int32(length)
+		for _, v := range row[length:] {
+			if v {
+				p[r] = -1
+				break
+			}
+		}
+	}
+	return p
+}
+
+// forRows calls fn for every row with its index and its mask row's index (0 without a mask), walking the
+// leading axes as an odometer so that a broadcast mask costs no division per row.
+func (l *rowLayout) forRows(fn func(row, maskRow int)) {
+	if l.maskDims == nil {
+		for r := range l.rows {
+			fn(r, 0)
+		}
+		return
+	}
+	lead := l.shape.Dimensions[:l.shape.Rank()-1]
+	// strides[a]: how far the mask row moves per step of axis a (0 where the mask broadcasts).
+	strides := make([]int, len(lead))
+	stride := 1
+	for a := len(lead) - 1; a >= 0; a-- {
+		if l.maskDims[a] != 1 {
+			strides[a] = stride
+		}
+		stride *= l.maskDims[a]
+	}
+	index := make([]int, len(lead))
+	maskRow := 0
+	for r := range l.rows {
+		fn(r, maskRow)
+		for a := len(lead) - 1; a >= 0; a-- {
+			index[a]++
+			maskRow += strides[a]
+			if index[a] < lead[a] {
+				break
+			}
+			maskRow -= strides[a] * index[a]
+			index[a] = 0
+		}
+	}
+}
+
+// buffers reads the inputs' data, and picks the output: input reuse (when owned, simplego's contract), else
+// a new buffer.
+func rowBuffers(backend *simplego.Backend, what string, shape shapes.Shape, inputs []*simplego.Buffer,
+	inputsOwned []bool, reuse int) (data []any, output *simplego.Buffer, out []float32, err error) {
+	data = make([]any, len(inputs))
+	for i, in := range inputs {
+		if data[i], err = backend.BufferData(in); err != nil {
+			return nil, nil, nil, fmt.Errorf("fusion: %s: input %d: %w", what, i, err)
+		}
+	}
+	if inputsOwned[reuse] {
+		output, inputs[reuse] = inputs[reuse], nil // simplego's signal that the input lives on as the output
+	} else if output = backend.NewBuffer(shape); output == nil {
+		return nil, nil, nil, fmt.Errorf("fusion: %s: the backend could not allocate the output %s", what, shape)
+	}
+	flat, err := backend.BufferData(output)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("fusion: %s: output: %w", what, err)
+	}
+	return data, output, flat.([]float32), nil
+}
+
+// softmaxKernel is a softmax along the last axis (forward), or its gradient with respect to the logits.
+// Inputs: forward, the logits and the mask (if masked); gradient, the softmax's result y, the incoming
+// gradient g, and the mask.
+type softmaxKernel struct {
+	layout    *rowLayout
+	masked    bool
+	maskValue float32
+	gradient  bool
+}
+
+func (k *softmaxKernel) name() string {
+	if k.gradient {
+		return "softmax gradient"
+	}
+	return "softmax"
+}
+
+func (k *softmaxKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer, inputsOwned []bool) (*simplego.Buffer, error) {
+	want := 1
+	if k.gradient {
+		want++
+	}
+	if k.masked {
+		want++
+	}
+	if len(inputs) != want {
+		return nil, fmt.Errorf("fusion: %s: %d inputs, want %d", k.name(), len(inputs), want)
+	}
+	reuse := 0 // the logits, or the incoming gradient: same shape, read before written row by row
+	if k.gradient {
+		reuse = 1
+	}
+	data, output, out, err := rowBuffers(backend, k.name(), k.layout.shape, inputs, inputsOwned, reuse)
+	if err != nil {
+		return nil, err
+	}
+	l := k.layout
+	s := l.state()
+	defer l.scratch.Put(s)
+	var prefix []int32
+	var mask []bool
+	if k.masked {
+		mask = data[want-1].([]bool)
+		prefix = l.prefixes(s, mask)
+	}
+	n := l.n
+	if k.gradient {
+		y, g := data[0].([]float32), data[1].([]float32)
+		l.forRows(func(r, maskRow int) {
+			length := n
+			if prefix != nil {
+				length = int(prefix[maskRow])
+			}
+			lo, hi := r*n, (r+1)*n
+			if length < 0 {
+				softmaxGradientMasked(out[lo:hi], y[lo:hi], g[lo:hi], mask[maskRow*n:(maskRow+1)*n], s.row)
+				return
+			}
+			softmaxGradientRow(out[lo:hi], y[lo:hi], g[lo:hi], length, s.row)
+		})
+		return output, nil
+	}
+	x := data[0].([]float32)
+	l.forRows(func(r, maskRow int) {
+		length := n
+		if prefix != nil {
+			length = int(prefix[maskRow])
+		}
+		lo, hi := r*n, (r+1)*n
+		if length < 0 {
+			softmaxMasked(out[lo:hi], x[lo:hi], mask[maskRow*n:(maskRow+1)*n], k.maskValue, s.row)
+			return
+		}
+		softmaxRow(out[lo:hi], x[lo:hi], length, k.maskValue)
+	})
+	return output, nil
+}
+
+// softmaxRow is GoMLX's (masked) softmax of one row whose first length elements are unmasked, operation for
+// operation: the same values as its graph on goaccel's executors. y may be x.
+//
+//	m = max(x[i] where unmasked, else maskValue)   (ReduceMax of the Where; maskValue only if one is masked)
+//	e = exp(x − m) where unmasked, else 0          (Exp of Where(mask, x − m, 0), masked again)
+//	y = e / Σ e where unmasked, else 0             (the sum over the whole row, zeros included)
+func softmaxRow(y, x []float32, length int, maskValue float32) {
+	if length == 0 {
+		// Every element masked: GoMLX's Where picks 0 from 0/0.
+		clear(y)
+		return
+	}
+	initial := float32(math.Inf(-1))
+	if length < len(x) {
+		initial = maskValue
+	}
+	m := vec32.MaxOf(x[:length], initial)
+	vec32.BinaryScalar(vec32.Sub, y[:length], x[:length], m)
+	vec32.Apply(vec32.Exp, y[:length], y[:length])
+	clear(y[length:])
+	// The masked zeros are summed too: vec32.Sum's order depends on the row's length, not on its values.
+	sum := vec32.Sum(y)
+	vec32.BinaryScalar(vec32.Div, y[:length], y[:length], sum)
+}
+
+// softmaxMasked is softmaxRow for a mask row that is not a prefix; t is scratch of the row's length.
+func softmaxMasked(y, x []float32, mask []bool, maskValue float32, t []float32) {
+	t = t[:len(x)]
+	for i, keep := range mask {
+		t[i] = maskValue
+		if keep {
+			t[i] = x[i]
+		}
+	}
+	m := vec32.MaxOf(t, float32(math.Inf(-1)))
+	for i, keep := range mask {
+		t[i] = 0
+		if keep {
+			t[i] = x[i] - m
+		}
+	}
+	vec32.Apply(vec32.Exp, t, t)
+	for i, keep := range mask {
+		if !keep {
+			t[i] = 0
+		}
+	}
+	sum := vec32.Sum(t)
+	for i, keep := range mask {
+		y[i] = 0
+		if keep {
+			y[i] = t[i] / sum
+		}
+	}
+}
+
+// softmaxGradientRow is the gradient of a softmax row with respect to its logits, y·(g − Σ y·g), over the
+// first length (unmasked) elements, and 0 elsewhere. dx may be g; t is scratch of the row's length.
+func softmaxGradientRow(dx, y, g []float32, length int, t []float32) {
+	t = t[:length]
+	vec32.Binary(vec32.Mul, t, y[:length], g[:length])
+	dot := vec32.Sum(t)
+	vec32.BinaryScalar(vec32.Sub, t, g[:length], dot)
+	vec32.Binary(vec32.Mul, dx[:length], y[:length], t)
+	clear(dx[length:])
+}
+
+// softmaxGradientMasked is softmaxGradientRow for a mask row that is not a prefix: only unmasked elements
+// count (GoMLX masks the incoming gradient first, so a masked infinity does not reach the sum).
+func softmaxGradientMasked(dx, y, g []float32, mask []bool, t []float32) {
+	t = t[:len(y)]
+	for i, keep := range mask {
+		t[i] = 0
+		if keep {
+			t[i] = y[i] * g[i]
+		}
+	}
+	dot := vec32.Sum(t)
+	for i, keep := range mask {
+		v := float32(0)
+		if keep {
+			v = y[i] * (g[i] - dot)
+		}
+		dx[i] = v
+	}
+}
+
+// layerNormKernel is a layer norm along the last axis with a gain and an offset. Inputs: x, the gain and
+// the offset (n values each).
+type layerNormKernel struct {
+	layout        *rowLayout
+	invN, epsilon float32
+}
+
+func (k *layerNormKernel) name() string { return "layer norm" }
+
+func (k *layerNormKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer, inputsOwned []bool) (*simplego.Buffer, error) {
+	if len(inputs) != 3 {
+		return nil, fmt.Errorf("fusion: %s: %d inputs, want 3", k.name(), len(inputs))
+	}
+	data, output, out, err := rowBuffers(backend, k.name(), k.layout.shape, inputs, inputsOwned, 0)
+	if err != nil {
+		return nil, err
+	}
+	l := k.layout
+	s := l.state()
+	defer l.scratch.Put(s)
+	x, gain, offset := data[0].([]float32), data[1].([]float32), data[2].([]float32)
+	n := l.n
+	for r := range l.rows {
+		layerNormRow(out[r*n:(r+1)*n], x[r*n:(r+1)*n], gain, offset, k.invN, k.epsilon, s.row)
+	}
+	return output, nil
+}
+
+// layerNormRow is GoMLX's layer norm of one row, operation for operation (the same values as its graph on
+// goaccel's executors); y may be x, t is scratch of the row's length.
+//
+//	c = x − Σx·(1/n);  y = c / √(Σc²·(1/n) + ε) · gain + offset
+func layerNormRow(y, x, gain, offset []float32, invN, epsilon float32, t []float32) {
+	mean := float32(vec32.Sum(x) * invN)
+	vec32.BinaryScalar(vec32.Sub, y, x, mean)
+	vec32.Binary(vec32.Mul, t, y, y)
+	variance := float32(vec32.Sum(t) * invN)
+	deviation := float32(math.Sqrt(float64(float32(variance + epsilon))))
+	vec32.BinaryScalar(vec32.Div, y, y, deviation)
+	vec32.Binary(vec32.Mul, y, y, gain)
+	vec32.Binary(vec32.Add, y, y, offset)
+}
