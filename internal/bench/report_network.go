@@ -55,7 +55,8 @@ func networkGoals(res *results) []*goal {
 			"DDP's examples/s across the hosts, at every rate and K", goalNetworkVsPyTorch)}
 		for _, pair := range networkPairs(res, m.slug()) {
 			q := pair.ratio()
-			g.judge(q >= goalNetworkVsPyTorch, "%s, K=%d: %.2f×", pair.rate.rateName(), pair.goaccel.K, q)
+			g.judge(q >= goalNetworkVsPyTorch, "%s, K=%d: %.2f×", withHosts(res.Plan.Network, pair.rate,
+				pair.rate.rateName()), pair.goaccel.K, q)
 		}
 		out = append(out, g)
 	}
@@ -72,9 +73,9 @@ func networkGoals(res *results) []*goal {
 				continue
 			}
 			q := s.Bucketed.median() / linkLimit(s.Bytes, s.Ranks, rate.RateBits)
-			limit.judge(q <= goalSyncVsLinkLimit, "%s: %.2f×", s.Model, q)
+			limit.judge(q <= goalSyncVsLinkLimit, "%s: %.2f×", withHosts(res.Plan.Network, rate, s.Model), q)
 			c := ratio(s.BucketedBF16, s.Bucketed)
-			compression.judge(c >= goalCompressionSpeedup, "%s: %.2f×", s.Model, c)
+			compression.judge(c >= goalCompressionSpeedup, "%s: %.2f×", withHosts(res.Plan.Network, rate, s.Model), c)
 		}
 	}
 	return append(append(out, limit, compression), modeGoals(res)...)
@@ -112,10 +113,15 @@ func (r *reporter) where(rate networkResult) string {
 	if rate.Emulated && rate.RateBits > goalRateBits {
 		name += "*"
 	}
-	if len(r.res.Plan.Network.hostCounts()) < 2 {
-		return name
+	return withHosts(r.res.Plan.Network, rate, name)
+}
+
+// withHosts prefixes what is said of a rate with its cluster's size, where the plan has several.
+func withHosts(p networkPlan, rate networkResult, what string) string {
+	if len(p.hostCounts()) < 2 {
+		return what
 	}
-	return fmt.Sprintf("%d hosts, %s", rate.procs(r.res.Plan.Network), name)
+	return fmt.Sprintf("%d hosts, %s", rate.procs(p), what)
 }
 
 // unfaithful is the note beside tables that hold a rate marked by where.

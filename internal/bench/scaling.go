@@ -143,8 +143,9 @@ type stepModel struct {
 	Overlap float64
 	// BucketBytes and RateBits describe an emulated link's token bucket (0: a cable, none): while the link
 	// is idle for the computation it banks up to BucketBytes of tokens, and that many bytes of the next
-	// sync pass at the machine's speed.
+	// sync pass at the machine's speed, MachineBeta seconds per byte (the unthrottled link's β).
 	BucketBytes, RateBits int64
+	MachineBeta           float64
 }
 
 // allReduces is the time of all-reduces of sizes, less what the token bucket banked during idle seconds.
@@ -155,7 +156,7 @@ func (m stepModel) allReduces(sizes []float64, idle float64) float64 {
 	}
 	if m.BucketBytes > 0 && m.RateBits > 0 && m.Procs > 1 {
 		credit := min(float64(m.BucketBytes), idle*float64(m.RateBits)/8, busFactor(m.Procs)*sum(sizes))
-		t -= credit * m.Link.Beta
+		t -= credit * max(m.Link.Beta-m.MachineBeta, 0)
 	}
 	return max(t, 0)
 }
@@ -386,7 +387,7 @@ func predictRuns(res *results, n int, m networkModel, k int) ([]prediction, mode
 			if err != nil {
 				continue
 			}
-			sm.BucketBytes, sm.RateBits = r.BurstBytes, r.RateBits
+			sm.BucketBytes, sm.RateBits, sm.MachineBeta = r.BurstBytes, r.RateBits, parts.Links[0].Beta
 			emulated, _ := sm.step(mode)
 			pr := prediction{Procs: n, Rate: r, Mode: mode, Predicted: emulated, PredictedCable: cable,
 				Measured: quantile(run.StepSeconds, 0.5), PredictedBytes: sm.bytesPerStep(mode),

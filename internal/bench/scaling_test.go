@@ -80,6 +80,9 @@ func TestStepModel(t *testing.T) {
 		{"DiLoCo moves what local SGD moves", modeDiLoCo, nil, 0.0462 / 8, 0.004 + 0.0462/8},
 		{"the token bucket banks 4 ms at 1 Gbit/s", modePlain, func(m *stepModel) { m.BucketBytes, m.RateBits = 1e6, 1e9 },
 			0.0462 - 5e5*1e-8, 0.004 + 0.0462 - 5e5*1e-8},
+		{"banked bytes still take the machine's time", modePlain, func(m *stepModel) {
+			m.BucketBytes, m.RateBits, m.MachineBeta = 1e6, 1e9, 0.2e-8
+		}, 0.0462 - 5e5*0.8e-8, 0.004 + 0.0462 - 5e5*0.8e-8},
 		{"overlap hides half of a 10 ms computation", modePlain, func(m *stepModel) { m.Compute, m.Overlap = 0.01, 0.5 },
 			0.0462, 0.01 + 0.0462 - 0.005},
 		{"one process communicates nothing", modePlain, func(m *stepModel) { m.Procs = 1 }, 0, 0.004},
@@ -190,7 +193,7 @@ func syntheticModes(t *testing.T) *results {
 				BucketedBF16: constant("c", l.allReduce(n, 3_256_360/2)), PowerSGD: constant("g", psgd)}}
 			sm := stepModel{Procs: n, Link: l, Compute: compute[n], Plan: plan, PowerSGDArithmetic: arithmetic,
 				PowerSGDStart: p.PowerSGDStart, Steps: int(steps), LocalSteps: p.LocalSteps, BucketBytes: r.BurstBytes,
-				RateBits: rate}
+				RateBits: rate, MachineBeta: links[0].Beta}
 			for _, mode := range p.modes() {
 				step, err := sm.step(mode)
 				require.NoError(t, err)
@@ -286,6 +289,9 @@ func TestReportModesAndModel(t *testing.T) {
 	assert.Contains(t, md, "| 6. Network: α-β model | predicted step time within 15% of the measured one, every goaccel "+
 		"run on 2 and 4 hosts | 2 hosts: 9 of 9 within (furthest: ")
 	assert.Contains(t, md, "4 hosts: 8 of 9 within (furthest: bf16, 1 Gbit/s, -23%) | no |")
+	assert.Contains(t, md, "| 2 hosts, MLP 784→1024→10: 1.06×; 4 hosts, MLP 784→1024→10: 1.06× | ",
+		"the sync goal names the cluster size")
+	assert.Contains(t, md, "2 hosts, unthrottled, K=1: 1.20×; 2 hosts, 1 Gbit/s, K=1: 1.20×; 4 hosts, unthrottled")
 	assert.Equal(t, 1, strings.Count(section, "1.00 MB at 1 Gbit/s (8.00 ms of the rate)"), "each rate's bucket once")
 	assert.NotContains(t, section, "not faithful", "nothing above 1 Gbit/s")
 
