@@ -258,7 +258,7 @@ func (r *reporter) networkModel() {
 			}
 			var points []string
 			for _, a := range rate.AllReduce {
-				points = append(points, fmt.Sprintf("%s: %s", formatMegabytes(a.Bytes), formatDuration(a.Time.median())))
+				points = append(points, fmt.Sprintf("%s: %s", bytesCell(float64(a.Bytes)), formatDuration(a.Time.median())))
 			}
 			fits = append(fits, []string{r.where(rate), formatDuration(l.Alpha), betaCell(l.Beta), joinAnd(points)})
 		}
@@ -380,11 +380,11 @@ func betaCell(beta float64) string {
 	return formatBits(8 / beta)
 }
 
-// sizeStrings are sizes in MB.
+// sizeStrings are sizes in kB or MB.
 func sizeStrings(sizes []int64) []string {
 	out := make([]string, len(sizes))
 	for i, s := range sizes {
-		out[i] = formatMegabytes(s)
+		out[i] = bytesCell(float64(s))
 	}
 	return out
 }

@@ -261,7 +261,8 @@ func TestReportModesAndModel(t *testing.T) {
 		"| fp16_compress_hook |",
 		"| post-local SGD |",
 		// The fit recovers the links the all-reduces were made from.
-		"| 2 hosts, 1 Gbit/s | 60.0 µs | 950 Mbit/s | 0.00 MB: ",
+		"| 2 hosts, 1 Gbit/s | 60.0 µs | 950 Mbit/s | 4.1 kB: ",
+		"float32 all-reduces of 4.1 kB, 262.1 kB, 1.05 MB and 4.19 MB",
 		"| 4 hosts, unthrottled | 20.0 µs | 20 Gbit/s |",
 		// The computation, from the unthrottled local SGD run: 6 ms over 64 examples.
 		"| 2 | 6.00 ms | local SGD (H=8) | 93.8 µs | 1.50 ms |",
