@@ -94,20 +94,7 @@ func joinMPIRank(keeper *backends.Communicator) (any, error) {
 		return nil, err
 	}
 	mine := data.rankBatches(inputs, labels, acc.Rank())
-	err = acc.Join(model, opt, func() error {
-		for _, batch := range mine {
-			if _, err := acc.Backward(model, batch); err != nil {
-				return err
-			}
-			if _, err := opt.Step(); err != nil {
-				return err
-			}
-			if err := opt.ZeroGrad(); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err = acc.Join(model, opt, func() error { return trainOn(acc, model, opt, mine) })
 	if err != nil {
 		return nil, err
 	}

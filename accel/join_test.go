@@ -263,20 +263,7 @@ func ExampleAccelerator_Join() {
 			if err := model.Materialize(mine[0]); err != nil {
 				panic(err)
 			}
-			err = acc.Join(model, opt, func() error {
-				for _, batch := range mine {
-					if _, err := acc.Backward(model, batch); err != nil {
-						return err
-					}
-					if _, err := opt.Step(); err != nil {
-						return err
-					}
-					if err := opt.ZeroGrad(); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			err = acc.Join(model, opt, func() error { return trainOn(acc, model, opt, mine) })
 			if err != nil {
 				panic(err)
 			}
@@ -286,4 +273,21 @@ func ExampleAccelerator_Join() {
 	wg.Wait()
 	fmt.Println("optimizer steps:", steps)
 	// Output: optimizer steps: [3 3]
+}
+
+// trainOn is the loop a program writes over its own batches: Backward, then the optimizer's Step and
+// ZeroGrad, for each batch.
+func trainOn(acc *accel.Accelerator, model *prepare.Model, opt *prepare.Optimizer, batches []prepare.Batch) error {
+	for _, batch := range batches {
+		if _, err := acc.Backward(model, batch); err != nil {
+			return err
+		}
+		if _, err := opt.Step(); err != nil {
+			return err
+		}
+		if err := opt.ZeroGrad(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -226,17 +226,7 @@ func (o *Optimizer) applyGraph(ctx *context.Context, scale *Node) {
 	m := o.model
 	g := scale.Graph()
 	ctx.SetTraining(g, true)
-	// GoMLX optimizers update the trainable variables the graph uses, in registration order, matching
-	// gradients by position: use every parameter first so the two lists line up.
-	for _, v := range m.params {
-		v.ValueGraph(g)
-	}
-	buckets := make([]*Node, len(m.buckets))
-	for b, acc := range m.buckets {
-		value := acc.ValueGraph(g)
-		buckets[b] = Mul(value, ConvertDType(scale, value.DType()))
-	}
-	grads := bucketgraph.Unflatten(m.plan, buckets)
+	grads := bucketgraph.Unflatten(m.plan, trainedWith(g, m.params, m.buckets, scale))
 	if o.clipNorm > 0 {
 		grads = clipByGlobalNorm(grads, o.clipNorm)
 	}
@@ -276,6 +266,21 @@ func (o *Optimizer) applySharded(clip float64) error {
 		return m.reducer.ZeroAccumulators()
 	}
 	return nil
+}
+
+// trainedWith readies an update of trained by the sums in synced: it uses every trained variable first
+// (GoMLX optimizers update the trainable variables the graph uses, in registration order, matching gradients
+// by position, so the two lists line up) and returns the sums times scale, the mean gradient.
+func trainedWith(g *Graph, trained, synced []*context.Variable, scale *Node) []*Node {
+	for _, v := range trained {
+		v.ValueGraph(g)
+	}
+	means := make([]*Node, len(synced))
+	for b, v := range synced {
+		value := v.ValueGraph(g)
+		means[b] = Mul(value, ConvertDType(scale, value.DType()))
+	}
+	return means
 }
 
 // clipByGlobalNorm scales every gradient by min(1, maxNorm/‖grads‖₂), the norm taken over all of them.

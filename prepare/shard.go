@@ -49,15 +49,10 @@ func (o *Optimizer) applyShardedGraph(ctx *context.Context, scale, clip *Node) {
 	m := o.model
 	g := scale.Graph()
 	ctx.SetTraining(g, true)
-	for _, v := range o.paramShards {
-		v.ValueGraph(g)
-	}
-	grads := make([]*Node, len(m.gradShards))
-	for b, v := range m.gradShards {
-		value := v.ValueGraph(g)
-		grads[b] = Mul(value, ConvertDType(scale, value.DType()))
-		if o.clipNorm > 0 {
-			grads[b] = Mul(grads[b], ConvertDType(clip, value.DType()))
+	grads := trainedWith(g, o.paramShards, m.gradShards, scale)
+	if o.clipNorm > 0 {
+		for b, grad := range grads {
+			grads[b] = Mul(grad, ConvertDType(clip, grad.DType()))
 		}
 	}
 	o.withGrads.UpdateGraphWithGradients(ctx, grads, m.lossDType)
