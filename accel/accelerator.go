@@ -97,7 +97,7 @@ func New(opts ...Option) (*Accelerator, error) {
 		a.comm.SetCallChecks(true)
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
-		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20))}
+		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20)), Overlap: cfg.overlap}
 	a.rt.Sharding = cfg.shardingOrDefault()
 	if cfg.compression != accumulate.NoCompression {
 		if a.rt.CommHook, err = accumulate.NewCompressionHook(cfg.compression); err != nil {

@@ -41,6 +41,10 @@ var envSettings = []envSetting{
 		cfg, err := parsePowerSGD(v)
 		return WithPowerSGD(cfg), err
 	}},
+	{OverlapEnvVar, func(v string) (Option, error) {
+		on, err := parseSwitch(v)
+		return WithOverlap(on), err
+	}},
 	{ShardingEnvVar, func(v string) (Option, error) {
 		s, err := accumulate.ParseSharding(v)
 		return WithSharding(s), err
@@ -98,7 +102,7 @@ func parseSwitch(v string) (bool, error) {
 
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
-// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOMLX_BACKEND, GOACCEL_GRADIENTS,
+// GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOACCEL_OVERLAP, GOMLX_BACKEND, GOACCEL_GRADIENTS,
 // GOACCEL_MATMUL, GOACCEL_CONV, GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES and GOACCEL_RESTART_COUNT (set by
 // `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
@@ -156,6 +160,8 @@ type Configuration struct {
 	Sharding accumulate.Sharding
 	// PowerSGD is the PowerSGD configuration asked for (nil: none).
 	PowerSGD *accumulate.PowerSGDConfig
+	// Overlap says whether gradient syncs start inside the training step (WithOverlap).
+	Overlap bool
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -172,7 +178,8 @@ func Resolve(opts ...Option) (Configuration, error) {
 	return Configuration{Compute: cfg.computeConfig(backends.Topology{}), CollectiveTimeout: timeout,
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
-		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(), PowerSGD: cfg.powerSGD}, nil
+		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(), PowerSGD: cfg.powerSGD,
+		Overlap: cfg.overlap}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.

@@ -55,6 +55,8 @@ type Reducer struct {
 	// nonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank;
 	// poisoned, when this rank's last sync carried such a loss (until the gradients are applied or cleared).
 	nonFinite, poisoned bool
+	// overlap holds the buckets a syncing step started while it ran (overlap.go).
+	overlap overlap
 }
 
 // ReducerOption configures a Reducer.
@@ -381,7 +383,12 @@ func (r *Reducer) reduce(whole bool) error {
 
 // sync reduces the accumulators and records the factor that turns their sum into the mean.
 func (r *Reducer) sync() error {
-	if err := r.reduce(false); err != nil {
+	if armed, err := r.finishOverlap(); err != nil {
+		return err
+	} else if armed {
+		r.emitted = nil
+		r.syncs++
+	} else if err := r.reduce(false); err != nil {
 		return err
 	}
 	r.synced = true

@@ -28,6 +28,11 @@ type Runtime struct {
 	// reducer in package accumulate.
 	CommHook accumulate.CommHook
 	Sharding accumulate.Sharding
+	// Overlap starts each bucket's sync inside the training step, as soon as the backward pass has
+	// produced the bucket, on a micro-batch that syncs under Replicated with more than one process, where
+	// the compute backend can (the pure-Go backend with goaccel's kernels; elsewhere the sync follows the
+	// step as without it). The sums are the same bit for bit. See docs/overlap.md.
+	Overlap bool
 }
 
 func (rt *Runtime) commHook() accumulate.CommHook {
