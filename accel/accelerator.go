@@ -322,6 +322,9 @@ type Stats struct {
 	// holds: 1/N of the replicated size under a strategy that splits buckets.
 	Sharding            string
 	OptimizerStateBytes int64
+	// OverlappedBuckets counts the gradient buckets whose all-reduce started inside a training step, while
+	// its backward pass ran (WithOverlap); each is also part of the sync Syncs counts.
+	OverlappedBuckets int64
 }
 
 // Stats returns the counters so far.
@@ -343,6 +346,7 @@ func (a *Accelerator) Stats() Stats {
 		s.ComputeTime += m.ComputeTime()
 		if r := m.Reducer(); r != nil {
 			s.Syncs += r.Syncs()
+			s.OverlappedBuckets += r.OverlappedBuckets()
 		}
 	}
 	for _, o := range a.optimizers {

@@ -159,3 +159,15 @@ func TestMPIOverlapExact(t *testing.T) {
 		assert.Equal(t, reports[0][on].Final, reports[1][on].Final, "K=%d: the replicas", k)
 	}
 }
+
+// Overlap is off by default; the option (or GOACCEL_OVERLAP=1) turns it on. On one process there is no
+// sync to overlap, so it changes nothing there.
+func ExampleWithOverlap() {
+	conf, err := accel.Resolve(accel.WithOverlap(true))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("overlap:", conf.Overlap)
+	// Output: overlap: true
+}

@@ -66,6 +66,8 @@ type summary struct {
 	// CompressionRatio is what a plain all-reduce would have sent over what was sent (PowerSGD; 1 otherwise).
 	CommHook         string  `json:"comm_hook"`
 	CompressionRatio float64 `json:"compression_ratio"`
+	// OverlappedBuckets counts the buckets whose all-reduce started inside a step (GOACCEL_OVERLAP=1).
+	OverlappedBuckets int64 `json:"overlapped_buckets"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -99,6 +101,7 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		OptimizerStateBytes:      stats.OptimizerStateBytes,
 		CommHook:                 acc.CommHookName(),
 		CompressionRatio:         math.Round(stats.CommHook.Ratio()*1000) / 1000,
+		OverlappedBuckets:        stats.OverlappedBuckets,
 	}
 }
 

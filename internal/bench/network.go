@@ -12,12 +12,14 @@ import (
 	"net/netip"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
@@ -38,6 +40,9 @@ type networkPlan struct {
 	LR            float64
 	Seed          int
 	Rounds        int
+	// Impls are what trains end to end (nil: networkImpls): -network-overlap compares goaccel's sync after
+	// the step with the one that overlaps the backward pass ("goaccel+overlap").
+	Impls []string
 	// Syncs are the gradients whose sync is measured alone; SyncTiming how.
 	Syncs      []gradientLayout
 	SyncTiming timing
@@ -155,6 +160,10 @@ type networkRun struct {
 	// UpdateSeconds its time in the optimizer's update, per optimizer step.
 	MicroBatchSeconds []float64 `json:",omitempty"`
 	UpdateSeconds     []float64 `json:",omitempty"`
+	// WaitSeconds (goaccel) is rank 0's time waiting for collectives per optimizer step, and
+	// OverlappedBuckets the buckets its steps started from inside themselves (accel.WithOverlap).
+	WaitSeconds       []float64 `json:",omitempty"`
+	OverlappedBuckets []int64   `json:",omitempty"`
 	// SentBytes is what host 0's link sent during the run (emulated clusters).
 	SentBytes []uint64 `json:",omitempty"`
 }
@@ -442,7 +451,11 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 	var variants []variant
 	for _, m := range p.Models {
 		for _, k := range p.Ks {
-			for _, impl := range networkImpls {
+			impls := p.Impls
+			if impls == nil {
+				impls = networkImpls
+			}
+			for _, impl := range impls {
 				variants = append(variants, variant{m, networkRun{Impl: impl, Model: m.slug(), K: k, PerExample: series{
 					Name: fmt.Sprintf("NetworkEndToEnd/model=%s/impl=%s/k=%d/rate=%s/procs=%d", m.slug(), impl, k, label,
 						len(hosts.hosts))}}})
@@ -474,9 +487,11 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 			r.TestAccuracy = append(r.TestAccuracy, s.TestAccuracy)
 			r.StepSeconds = append(r.StepSeconds, s.TrainSeconds/float64(s.OptimizerSteps))
 			r.Steps = append(r.Steps, s.OptimizerSteps)
-			if v.run.Impl == "goaccel" && s.MicroBatches > 0 {
+			if strings.HasPrefix(v.run.Impl, "goaccel") && s.MicroBatches > 0 {
 				r.MicroBatchSeconds = append(r.MicroBatchSeconds, s.MicroBatchComputeSeconds/float64(s.MicroBatches))
 				r.UpdateSeconds = append(r.UpdateSeconds, (s.ComputeSeconds-s.MicroBatchComputeSeconds)/float64(s.OptimizerSteps))
+				r.WaitSeconds = append(r.WaitSeconds, s.CommWaitSeconds/float64(s.OptimizerSteps))
+				r.OverlappedBuckets = append(r.OverlappedBuckets, s.OverlappedBuckets)
 			}
 			if c := hosts.cluster; c != nil {
 				after, err := c.LinkStats(0)
@@ -503,6 +518,8 @@ type networkSummary struct {
 	MicroBatches             int64   `json:"micro_batches"`
 	ComputeSeconds           float64 `json:"compute_seconds"`
 	MicroBatchComputeSeconds float64 `json:"micro_batch_compute_seconds"`
+	CommWaitSeconds          float64 `json:"comm_wait_seconds"`
+	OverlappedBuckets        int64   `json:"overlapped_buckets"`
 }
 
 // trainOnNetwork trains once across the hosts, one process each with one compute thread, and returns
@@ -519,8 +536,13 @@ func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string
 	}
 	var summary networkSummary
 	n := len(hosts.hosts)
-	if impl == "goaccel" {
-		cmd, err := hosts.mpirun(ctx, n, s.demo, append(job("-"), "-quiet"), jobEnv(cpu.ThreadsEnvVar+"=1"))
+	if strings.HasPrefix(impl, "goaccel") {
+		env := []string{cpu.ThreadsEnvVar + "=1"}
+		if p.Impls != nil {
+			// Comparing the two syncs: each run says which it measures.
+			env = append(env, accel.OverlapEnvVar+"="+strconv.FormatBool(impl == "goaccel+overlap"))
+		}
+		cmd, err := hosts.mpirun(ctx, n, s.demo, append(job("-"), "-quiet"), jobEnv(env...))
 		if err != nil {
 			return summary, err
 		}
