@@ -322,9 +322,10 @@ type Stats struct {
 	// holds: 1/N of the replicated size under a strategy that splits buckets.
 	Sharding            string
 	OptimizerStateBytes int64
-	// OverlappedBuckets counts the gradient buckets whose all-reduce started inside a training step, while
-	// its backward pass ran (WithOverlap); each is also part of the sync Syncs counts.
-	OverlappedBuckets int64
+	// Overlap counts the gradient buckets whose all-reduce started inside a training step, while its
+	// backward pass ran (WithOverlap; each is also part of the sync Syncs counts), and what those
+	// all-reduces got done inside their steps.
+	Overlap accumulate.OverlapStats
 }
 
 // Stats returns the counters so far.
@@ -346,7 +347,10 @@ func (a *Accelerator) Stats() Stats {
 		s.ComputeTime += m.ComputeTime()
 		if r := m.Reducer(); r != nil {
 			s.Syncs += r.Syncs()
-			s.OverlappedBuckets += r.OverlappedBuckets()
+			o := r.OverlapStats()
+			s.Overlap.Buckets += o.Buckets
+			s.Overlap.DoneInStep += o.DoneInStep
+			s.Overlap.InStep += o.InStep
 		}
 	}
 	for _, o := range a.optimizers {

@@ -38,9 +38,10 @@ type overlap struct {
 	pending []Waiter
 	// poisoned: bucket 0 was started with its first element set to NaN (a non-finite loss).
 	poisoned bool
-	// started counts the buckets started from inside steps, since the reducer was made.
-	started int64
-	err     error
+	// startedAt is when each started bucket left; stats what overlapping did since the reducer was made.
+	startedAt []time.Time
+	stats     OverlapStats
+	err       error
 	// stop ends the progress goroutine, which closes done when it has.
 	stop, done chan struct{}
 }
@@ -60,6 +61,7 @@ func (r *Reducer) ArmOverlap() bool {
 	o.armed, o.next, o.poisoned, o.err = true, 0, false, nil
 	o.ready = map[int]any{}
 	o.pending = make([]Waiter, len(r.plan.Buckets))
+	o.startedAt = make([]time.Time, len(r.plan.Buckets))
 	return true
 }
 
@@ -90,8 +92,9 @@ func (r *Reducer) BucketReady(b int, flat any, loss float64) {
 		if o.err = r.startReady(o.next, data); o.err != nil {
 			return
 		}
+		o.startedAt[o.next] = time.Now()
 		o.next++
-		o.started++
+		o.stats.Buckets++
 	}
 }
 
@@ -174,6 +177,17 @@ func (r *Reducer) finishOverlap() (bool, error) {
 		return false, nil
 	}
 	o.armed = false
+	// What the buckets started inside the step got done while it ran.
+	stepEnd := time.Now()
+	for b, w := range o.pending {
+		if w == nil {
+			continue
+		}
+		o.stats.InStep += stepEnd.Sub(o.startedAt[b])
+		if _, done := w.(doneWaiter); done {
+			o.stats.DoneInStep++
+		}
+	}
 	err := o.err
 	if err == nil && o.next < len(r.plan.Buckets) {
 		values, verr := r.bucketTensors()
@@ -236,14 +250,28 @@ func (r *Reducer) AbortOverlap() error {
 	return err
 }
 
-// OverlappedBuckets is the number of buckets whose communication started inside a step, while its
-// backward pass ran, since the reducer was made (each is still counted once in the sync that waits for it).
-func (r *Reducer) OverlappedBuckets() int64 {
+// OverlapStats is what starting buckets inside the steps did (see ArmOverlap), since the reducer was made.
+type OverlapStats struct {
+	// Buckets counts the buckets whose communication started inside a step, while its backward pass ran
+	// (each is still counted once in the sync that waits for it).
+	Buckets int64
+	// DoneInStep counts those whose communication had completed when the step returned.
+	DoneInStep int64
+	// InStep is the time those buckets' communications had, summed over buckets, between their start
+	// and the end of their step: what could overlap the step's computation.
+	InStep time.Duration
+}
+
+// OverlapStats returns what starting buckets inside the steps did so far.
+func (r *Reducer) OverlapStats() OverlapStats {
 	o := &r.overlap
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.started
+	return o.stats
 }
+
+// OverlappedBuckets is OverlapStats().Buckets.
+func (r *Reducer) OverlappedBuckets() int64 { return r.OverlapStats().Buckets }
 
 func waitStarted(pending []Waiter) error {
 	var first error

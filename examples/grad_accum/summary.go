@@ -68,6 +68,10 @@ type summary struct {
 	CompressionRatio float64 `json:"compression_ratio"`
 	// OverlappedBuckets counts the buckets whose all-reduce started inside a step (GOACCEL_OVERLAP=1).
 	OverlappedBuckets int64 `json:"overlapped_buckets"`
+	// OverlapDoneInStep counts those whose all-reduce had completed when their step returned, and
+	// OverlapInStepSeconds is the time they had inside their steps, summed over buckets.
+	OverlapDoneInStep    int64   `json:"overlap_done_in_step"`
+	OverlapInStepSeconds float64 `json:"overlap_in_step_seconds"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -101,7 +105,9 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		OptimizerStateBytes:      stats.OptimizerStateBytes,
 		CommHook:                 acc.CommHookName(),
 		CompressionRatio:         math.Round(stats.CommHook.Ratio()*1000) / 1000,
-		OverlappedBuckets:        stats.OverlappedBuckets,
+		OverlappedBuckets:        stats.Overlap.Buckets,
+		OverlapDoneInStep:        stats.Overlap.DoneInStep,
+		OverlapInStepSeconds:     seconds(stats.Overlap.InStep),
 	}
 }
 

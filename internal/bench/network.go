@@ -164,6 +164,10 @@ type networkRun struct {
 	// OverlappedBuckets the buckets its steps started from inside themselves (accel.WithOverlap).
 	WaitSeconds       []float64 `json:",omitempty"`
 	OverlappedBuckets []int64   `json:",omitempty"`
+	// OverlapDoneInStep are those whose all-reduce completed inside their step, OverlapInStepSeconds the
+	// time they had there per bucket.
+	OverlapDoneInStep    []int64   `json:",omitempty"`
+	OverlapInStepSeconds []float64 `json:",omitempty"`
 	// SentBytes is what host 0's link sent during the run (emulated clusters).
 	SentBytes []uint64 `json:",omitempty"`
 }
@@ -492,6 +496,10 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 				r.UpdateSeconds = append(r.UpdateSeconds, (s.ComputeSeconds-s.MicroBatchComputeSeconds)/float64(s.OptimizerSteps))
 				r.WaitSeconds = append(r.WaitSeconds, s.CommWaitSeconds/float64(s.OptimizerSteps))
 				r.OverlappedBuckets = append(r.OverlappedBuckets, s.OverlappedBuckets)
+				if s.OverlappedBuckets > 0 {
+					r.OverlapDoneInStep = append(r.OverlapDoneInStep, s.OverlapDoneInStep)
+					r.OverlapInStepSeconds = append(r.OverlapInStepSeconds, s.OverlapInStepSeconds/float64(s.OverlappedBuckets))
+				}
 			}
 			if c := hosts.cluster; c != nil {
 				after, err := c.LinkStats(0)
@@ -520,6 +528,8 @@ type networkSummary struct {
 	MicroBatchComputeSeconds float64 `json:"micro_batch_compute_seconds"`
 	CommWaitSeconds          float64 `json:"comm_wait_seconds"`
 	OverlappedBuckets        int64   `json:"overlapped_buckets"`
+	OverlapDoneInStep        int64   `json:"overlap_done_in_step"`
+	OverlapInStepSeconds     float64 `json:"overlap_in_step_seconds"`
 }
 
 // trainOnNetwork trains once across the hosts, one process each with one compute thread, and returns
