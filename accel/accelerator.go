@@ -99,7 +99,7 @@ func New(opts ...Option) (*Accelerator, error) {
 		a.comm.SetCallChecks(true)
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
-		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20)), MemoryLimit: cfg.memoryLimit}
+		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20)), MemoryLimit: cfg.memoryLimit, Overlap: cfg.overlap}
 	a.rt.Sharding = cfg.shardingOrDefault()
 	a.rt.LocalSGD = cfg.localSGD
 	if cfg.compression != accumulate.NoCompression {
@@ -341,6 +341,10 @@ type Stats struct {
 	// parameters (Collectives counts their all-reduces and bytes with the others).
 	Mode              string
 	ParameterAverages int64
+	// Overlap counts the gradient buckets whose all-reduce started inside a training step, while its
+	// backward pass ran (WithOverlap; each is also part of the sync Syncs counts), and what those
+	// all-reduces got done inside their steps.
+	Overlap accumulate.OverlapStats
 }
 
 // Stats returns the counters so far.
@@ -362,6 +366,10 @@ func (a *Accelerator) Stats() Stats {
 		s.ComputeTime += m.ComputeTime()
 		if r := m.Reducer(); r != nil {
 			s.Syncs += r.Syncs()
+			o := r.OverlapStats()
+			s.Overlap.Buckets += o.Buckets
+			s.Overlap.DoneInStep += o.DoneInStep
+			s.Overlap.InStep += o.InStep
 		}
 	}
 	for _, o := range a.optimizers {

@@ -42,6 +42,10 @@ var envSettings = []envSetting{
 		cfg, err := parsePowerSGD(v)
 		return WithPowerSGD(cfg), err
 	}},
+	{OverlapEnvVar, func(v string) (Option, error) {
+		on, err := parseSwitch(v)
+		return WithOverlap(on), err
+	}},
 	{ShardingEnvVar, func(v string) (Option, error) {
 		s, err := accumulate.ParseSharding(v)
 		return WithSharding(s), err
@@ -119,7 +123,7 @@ func parseSwitch(v string) (bool, error) {
 // OptionsFromEnv turns goaccel's environment variables, read through lookup (os.LookupEnv in a program),
 // into the options a program would pass for the same settings: GOACCEL_COLLECTIVE_TIMEOUT,
 // GOACCEL_DEBUG, GOACCEL_CHECK_REPLICAS, GOACCEL_GRADIENT_COMPRESSION, GOACCEL_SHARDING, GOACCEL_POWERSGD,
-// GOACCEL_LOCAL_SGD, GOACCEL_DILOCO, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL, GOACCEL_CONV,
+// GOACCEL_LOCAL_SGD, GOACCEL_DILOCO, GOACCEL_OVERLAP, GOMLX_BACKEND, GOACCEL_GRADIENTS, GOACCEL_MATMUL, GOACCEL_CONV,
 // GOACCEL_BLAS_THREADS, CUDA_VISIBLE_DEVICES, GOACCEL_TIMELINE (WithTimeline) and GOACCEL_RESTART_COUNT (set by
 // `accel launch --max-restarts`: Accelerator.RestartCount). New applies them before the program's own options, so an
 // option a program passes wins over the environment. A value that cannot be read is an error naming the
@@ -179,6 +183,8 @@ type Configuration struct {
 	PowerSGD *accumulate.PowerSGDConfig
 	// LocalSGD is local SGD's or DiLoCo's configuration, nil for synchronous training.
 	LocalSGD *prepare.LocalSGD
+	// Overlap says whether gradient syncs start inside the training step (WithOverlap).
+	Overlap bool
 }
 
 // Resolve returns the configuration New(opts...) would use in this process's environment, without
@@ -196,7 +202,7 @@ func Resolve(opts ...Option) (Configuration, error) {
 		Debug: cfg.debug, ReplicaCheck: cfg.checkReplicas, Engine: cfg.engine,
 		AccumulationSteps: cfg.accumulationSteps, SyncEachBatch: cfg.syncEachBatch, BucketCapMB: cfg.bucketCapMB,
 		Seed: cfg.seed, GradientCompression: cfg.compression, Sharding: cfg.shardingOrDefault(), PowerSGD: cfg.powerSGD,
-		LocalSGD: cfg.localSGD}, nil
+		LocalSGD: cfg.localSGD, Overlap: cfg.overlap}, nil
 }
 
 // computeConfig is the compute backend's configuration for a process at topo.

@@ -54,6 +54,8 @@ type config struct {
 	restartCount int
 	// timeline is the file the job's timeline is written to ("": none; see WithTimeline).
 	timeline string
+	// overlap starts gradient syncs inside the training step (WithOverlap).
+	overlap bool
 }
 
 // CheckReplicasEnvVar turns on the replica check (see WithReplicaCheck) when set to 1, true, yes or on (read with
@@ -67,6 +69,10 @@ const GradientCompressionEnvVar = "GOACCEL_GRADIENT_COMPRESSION"
 // PowerSGDEnvVar turns on the PowerSGD comm hook (see WithPowerSGD): RANK or RANK:START, such as 4:100
 // (read with the other variables by OptionsFromEnv).
 const PowerSGDEnvVar = "GOACCEL_POWERSGD"
+
+// OverlapEnvVar turns the overlap of the gradient sync with the backward pass on or off (see WithOverlap):
+// 1, true, yes or on; 0, false, no or off (read with the other variables by OptionsFromEnv).
+const OverlapEnvVar = "GOACCEL_OVERLAP"
 
 // ShardingEnvVar sets the sharding strategy (see WithSharding): replicated, optimizer or gradients (read
 // with the other variables by OptionsFromEnv).
@@ -209,6 +215,17 @@ func WithGradientCompression(format accumulate.Compression) Option {
 func WithPowerSGD(cfg accumulate.PowerSGDConfig) Option {
 	return func(c *config) { c.powerSGD = &cfg }
 }
+
+// WithOverlap starts each gradient bucket's all-reduce inside the training step, as soon as the backward
+// pass has produced the bucket, as PyTorch DDP does, instead of after the step: the communication of the
+// last layers' buckets overlaps the backward pass of the first layers. It applies to a micro-batch that
+// syncs, under the Replicated strategy, with more than one process, on the pure-Go backend with goaccel's
+// kernels; elsewhere (XLA, ShardOptimizer and ShardGradients, sync-each-batch's intermediate all-reduces)
+// the sync follows the step as without it. The synced gradients, hence the weights, are the same bit for
+// bit, the counters too (one sync per optimizer step, each bucket reduced once). What it saves is bounded
+// by the backward pass that follows a bucket's readiness: docs/overlap.md has the measurements behind the
+// default, off. GOACCEL_OVERLAP=1|0 sets it too.
+func WithOverlap(on bool) Option { return func(c *config) { c.overlap = on } }
 
 // Sharding strategies (WithSharding).
 var (

@@ -57,6 +57,8 @@ type Reducer struct {
 	nonFinite, poisoned bool
 	// local makes the syncs an optimizer step follows keep this rank's own gradients (local SGD).
 	local bool
+	// overlap holds the buckets a syncing step started while it ran (overlap.go).
+	overlap overlap
 }
 
 // ReducerOption configures a Reducer.
@@ -412,7 +414,12 @@ func (r *Reducer) sync() error {
 		r.state.ResetMicroBatches()
 		return nil
 	}
-	if err := r.reduce(false); err != nil {
+	if armed, err := r.finishOverlap(); err != nil {
+		return err
+	} else if armed {
+		r.emitted = nil
+		r.syncs++
+	} else if err := r.reduce(false); err != nil {
 		return err
 	}
 	r.synced = true

@@ -314,6 +314,38 @@ func (p *Pending) Wait() error {
 	return p.err
 }
 
+// Progress lets the engine advance the collective without waiting for it, and reports whether it has
+// completed. It is for a goroutine that keeps collectives moving while the program computes (the gradient
+// sync that overlaps a backward pass): Open MPI's non-blocking collectives advance only inside MPI calls,
+// and a poll there advances every request in flight, not only this one. It polls once, cheaply (an engine
+// whose requests have a Poll method is polled with it; see Poller), and leaves the result and any error to
+// Wait, which must still be called.
+func (p *Pending) Progress() bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done {
+		return true
+	}
+	c := p.comm
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if poller, ok := p.req.(Poller); ok {
+		done, err := poller.Poll()
+		return done || err != nil
+	}
+	done, err := p.req.Test()
+	return done || err != nil
+}
+
+// Poller is a Request that can also be polled once without the time budget its Test may spend (the MPI
+// engine's Test polls for up to 200 µs, at the cadence a waiting rank needs; a progress goroutine polling
+// while the program computes must not take that much of the core from it). Poll makes the same progress as
+// Test, and a later Test reports the same completion.
+type Poller interface {
+	Poll() (done bool, err error)
+}
+
 // start starts the collective call describes, of bytes from this rank, with startFn: a collective the
 // caller asked for, which takes the label SetNextLabel gave unless a SetBeforeCollective function issued it.
 func (c *Communicator) start(call callRecord, bytes int, startFn func() (Request, error)) (*Pending, error) {

@@ -135,3 +135,34 @@ func ExampleBFloat16() {
 	fmt.Println(bufs[0], bufs[1], backends.BufferOf(bufs[0]).Kind, comms[0].Stats().Of(backends.OpAllReduce).Bytes, "bytes")
 	// Output: [256 3] [256 3] bfloat16 4 bytes
 }
+
+// Progress polls a collective in flight without waiting for it, as the goroutine that keeps a gradient
+// sync moving while a training step computes does; Wait still gives its result.
+func ExamplePending_Progress() {
+	comms, err := backends.NewInProcessGroup(2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sums := make([][]float32, 2)
+	var wg sync.WaitGroup
+	for rank, comm := range comms {
+		wg.Go(func() {
+			sums[rank] = []float32{float32(rank + 1)}
+			p, err := comm.AllReduceSumAsync(backends.BufferOf(sums[rank]))
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			for !p.Progress() {
+				// The program's own work goes here.
+			}
+			if err := p.Wait(); err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println(sums[0], sums[1])
+	// Output: [3] [3]
+}

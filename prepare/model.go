@@ -19,6 +19,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accumulate"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/blockstate"
 	"github.com/goaccel/goaccel/internal/bucketgraph"
 	"github.com/goaccel/goaccel/internal/replicas"
@@ -384,12 +385,22 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs,
 			flats[b] = Concatenate([]*Node{flats[b], Zeros(g, shapes.Make(bucket.DType, pad))}, 0)
 		}
 	}
+	lossOut := ConvertDType(loss, dtypes.Float64)
 	if !emit {
+		overlap := m.rt.Overlap && size > 1 && m.sharding.Stage() == 0
 		for b, acc := range m.buckets {
-			acc.SetValueGraph(Add(acc.ValueGraph(g), flats[b]))
+			sum := Add(acc.ValueGraph(g), flats[b])
+			if overlap {
+				// The bucket's final value on a micro-batch that syncs: the step hands it to the reducer as
+				// soon as it is computed, and the reducer starts its all-reduce while the backward goes on.
+				sum, _ = cpu.MarkReady(sum, lossOut, b, func(flat any, loss float64) {
+					m.reducer.BucketReady(b, flat, loss)
+				})
+			}
+			acc.SetValueGraph(sum)
 		}
 	}
-	out := []*Node{ConvertDType(loss, dtypes.Float64), ConvertDType(dataLoss, dtypes.Float64)}
+	out := []*Node{lossOut, ConvertDType(dataLoss, dtypes.Float64)}
 	if withOutputs {
 		m.numOutputs = len(predictions)
 		out = append(out, predictions...)
@@ -627,6 +638,11 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 	exec, err := m.exec(withOutputs, emit)
 	if err != nil {
 		return res, err
+	}
+	if m.rt.Overlap && !emit && m.reducer.ArmOverlap() {
+		// The step may start buckets' all-reduces from inside itself; a step that fails before the sync
+		// waits for them must still wait, for the engines write into its outputs until they complete.
+		defer func() { _ = m.reducer.AbortOverlap() }()
 	}
 	start := time.Now()
 	pass := m.rt.beginPhase(PhaseForwardBackward, m.microSteps+1, steps)

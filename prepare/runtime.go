@@ -39,6 +39,11 @@ type Runtime struct {
 	// LocalSGD, when set, makes each process step on its own gradients and average the parameters every
 	// LocalSGD.Steps optimizer steps (local SGD, or DiLoCo with an outer optimizer); see LocalSGD.
 	LocalSGD *LocalSGD
+	// Overlap starts each bucket's sync inside the training step, as soon as the backward pass has
+	// produced the bucket, on a micro-batch that syncs under Replicated with more than one process, where
+	// the compute backend can (the pure-Go backend with goaccel's kernels; elsewhere the sync follows the
+	// step as without it). The sums are the same bit for bit. See docs/overlap.md.
+	Overlap bool
 }
 
 // local reports whether the models of this runtime train on local gradients (LocalSGD).

@@ -513,14 +513,20 @@ func (e *engine) start(call string, startFn func(handle *C.MPI_Request) C.int, b
 }
 
 // Test progresses MPI and reports whether the request completed.
-func (r *request) Test() (bool, error) {
+func (r *request) Test() (bool, error) { return r.test(r.eng.pollBudget) }
+
+// Poll implements backends.Poller: one batch of MPI_Test calls, without Test's time budget, for a goroutine
+// that keeps the collective progressing while the program computes.
+func (r *request) Poll() (bool, error) { return r.test(0) }
+
+func (r *request) test(budget time.Duration) (bool, error) {
 	if r.done {
 		return true, r.err
 	}
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	var flag C.int
-	if err := check("MPI_Test", C.goaccel_test(r.handle, &flag, C.longlong(r.eng.pollBudget.Nanoseconds()))); err != nil {
+	if err := check("MPI_Test", C.goaccel_test(r.handle, &flag, C.longlong(budget.Nanoseconds()))); err != nil {
 		// The request's state is unknown, so its buffers stay pinned and listed in inflight.
 		r.done, r.err = true, fmt.Errorf("%s: %w", r.call, err)
 		return true, r.err

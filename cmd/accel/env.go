@@ -107,8 +107,9 @@ func environmentReport(startAnyBackend bool) []entry {
 		return entries
 	}
 	entries = append(entries, entry{"Configuration", fmt.Sprintf("collective timeout %s, debug mode %t, "+
-		"replica check %t, gradient compression %s, sharding %s", resolved.CollectiveTimeout, resolved.Debug,
-		resolved.ReplicaCheck, resolved.GradientCompression, resolved.Sharding.Name())})
+		"replica check %t, gradient compression %s, sharding %s, overlap %t", resolved.CollectiveTimeout,
+		resolved.Debug, resolved.ReplicaCheck, resolved.GradientCompression, resolved.Sharding.Name(),
+		resolved.Overlap)})
 	computeCfg := resolved.Compute
 	computeCfg.LocalRank, computeCfg.LocalSize = topo.LocalRank, topo.LocalSize
 	config, reason := cpu.Resolve(computeCfg)

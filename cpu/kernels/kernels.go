@@ -24,6 +24,7 @@ import (
 	"github.com/goaccel/goaccel/cpu/internal/fusion"
 	"github.com/goaccel/goaccel/cpu/internal/gemmgrad"
 	"github.com/goaccel/goaccel/cpu/internal/indexing"
+	"github.com/goaccel/goaccel/cpu/internal/ready"
 	"github.com/goaccel/goaccel/cpu/internal/threads"
 	"github.com/goaccel/goaccel/internal/vec32"
 )
@@ -67,6 +68,9 @@ func (installed) Wrap(cfg cpu.Config, backend backends.Backend) (backends.Backen
 	// optimizer's scalars) or a broadcast that only inserts axes (biases, LayerNorm's statistics) is passed
 	// as it is, and never materialised.
 	backend = elementwise.Extend(backend)
+	// Inside fusion, so that it orders the graph as fusion leaves it: a step's marked buckets of gradients
+	// (cpu.MarkReady) run as early as the backward pass allows.
+	backend = ready.Extend(backend)
 	// Outermost: its Compile sees the whole graph, after every other wrapper built its nodes, and runs each
 	// chain of element-wise operations as one node.
 	return fusion.Extend(backend), nil
@@ -117,6 +121,10 @@ func (installed) Apply(cfg cpu.Config) error {
 		return fmt.Errorf("compute: %w", err)
 	}
 	extraops.RegisterGradients()
+	// Marked values (a step's buckets of gradients, whose sync starts inside the step): always on.
+	if err := ready.Install(); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
 	budget := cfg.ThreadBudget()
 	threads.Set(budget)
 	switch cfg.Matmul {
@@ -132,6 +140,11 @@ func (installed) Apply(cfg cpu.Config) error {
 		blas.Uninstall()
 	}
 	return nil
+}
+
+// MarkReady implements cpu.ReadyMarker.
+func (installed) MarkReady(x, loss *graph.Node, index int, fn func(flat any, loss float64)) (*graph.Node, bool) {
+	return ready.MarkReady(x, loss, index, fn)
 }
 
 // Describe reports the kernels installed now.
@@ -176,6 +189,7 @@ func (inert) Wrap(_ cpu.Config, backend backends.Backend) (backends.Backend, err
 func (inert) Apply(cpu.Config) error {
 	extraops.UnregisterGradients() // over convgraph's
 	extraops.Uninstall()
+	ready.Uninstall()
 	fusion.Uninstall() // installed last, over elementwise's executors
 	indexing.Uninstall()
 	elementwise.Uninstall()

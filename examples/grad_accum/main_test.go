@@ -67,7 +67,8 @@ var summaryKeys = []string{"goaccel_version",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
 	"micro_batch_compute_seconds", "train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",
 	"examples_per_second", "seconds", "sharding", "optimizer_state_bytes",
-	"comm_hook", "compression_ratio", "mode", "parameter_averages",
+	"comm_hook", "compression_ratio", "mode", "parameter_averages", "overlapped_buckets",
+	"overlap_done_in_step", "overlap_in_step_seconds",
 }
 
 // parseSummary checks that the last stdout line is a JSON object with exactly the summary's keys.

@@ -70,6 +70,12 @@ type summary struct {
 	// DiLoCo's configuration; ParameterAverages counts local SGD's averages of the parameters.
 	Mode              string `json:"mode"`
 	ParameterAverages int64  `json:"parameter_averages"`
+	// OverlappedBuckets counts the buckets whose all-reduce started inside a step (GOACCEL_OVERLAP=1).
+	OverlappedBuckets int64 `json:"overlapped_buckets"`
+	// OverlapDoneInStep counts those whose all-reduce had completed when their step returned, and
+	// OverlapInStepSeconds is the time they had inside their steps, summed over buckets.
+	OverlapDoneInStep    int64   `json:"overlap_done_in_step"`
+	OverlapInStepSeconds float64 `json:"overlap_in_step_seconds"`
 }
 
 func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatchCompute time.Duration, trainExamples int,
@@ -105,6 +111,9 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 		CompressionRatio:         math.Round(stats.CommHook.Ratio()*1000) / 1000,
 		Mode:                     stats.Mode,
 		ParameterAverages:        stats.ParameterAverages,
+		OverlappedBuckets:        stats.Overlap.Buckets,
+		OverlapDoneInStep:        stats.Overlap.DoneInStep,
+		OverlapInStepSeconds:     seconds(stats.Overlap.InStep),
 	}
 }
 

@@ -70,6 +70,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var rn resNetSetup
 	fs.StringVar(&rn.resnet, "resnet", "bin/resnet", "the resnet example, built with -tags mpi,blas")
 	fs.StringVar(&rn.resnetPureGo, "resnet-purego", "bin/resnet_purego", "the resnet example, built with -tags mpi (no BLAS)")
+	overlap := fs.Bool("network-overlap", false, "the network section trains the 1024-wide MLP unthrottled and at "+
+		"1 Gbit/s, K=4 and K=1, with goaccel's sync after the step and overlapping the backward pass (accel."+
+		"WithOverlap), interleaved over 5 rounds, instead of against PyTorch; no sync-alone measurements")
 	rankJob := fs.String(rankJobFlag, "", "internal: run as a rank of the mpirun job described in `JSON`")
 	stepJob := fs.String(stepJobFlag, "", "internal: time training steps as described in `JSON`")
 	if err := fs.Parse(args); err != nil {
@@ -115,6 +118,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err := p.only(*only); err != nil {
 		fmt.Fprintf(stderr, "accelbench: -only: %v\n", err)
 		return 2
+	}
+	if *overlap && len(p.Network.Rates) > 0 {
+		p.Network.Impls = []string{"goaccel", "goaccel+overlap"}
+		p.Network.Models = []networkModel{{Name: "mlp", Hidden: 1024, Limit: 24576}}
+		p.Network.Rates = []int64{0, 1_000_000_000}
+		p.Network.Rounds = 5
+		p.Network.Syncs = nil
 	}
 	hosts, err := parseHostSet(*hostList, *agent, *network)
 	if err != nil {

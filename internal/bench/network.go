@@ -20,6 +20,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/cpu"
@@ -50,6 +51,9 @@ type networkPlan struct {
 	LR            float64
 	Seed          int
 	Rounds        int
+	// Impls are what trains end to end (nil: networkImpls): -network-overlap compares goaccel's sync after
+	// the step with the one that overlaps the backward pass ("goaccel+overlap").
+	Impls []string
 	// Syncs are the gradients whose sync is measured alone; SyncTiming how.
 	Syncs      []gradientLayout
 	SyncTiming timing
@@ -183,6 +187,14 @@ type networkRun struct {
 	// UpdateSeconds its time in the optimizer's update, per optimizer step.
 	MicroBatchSeconds []float64 `json:",omitempty"`
 	UpdateSeconds     []float64 `json:",omitempty"`
+	// WaitSeconds (goaccel) is rank 0's time waiting for collectives per optimizer step, and
+	// OverlappedBuckets the buckets its steps started from inside themselves (accel.WithOverlap).
+	WaitSeconds       []float64 `json:",omitempty"`
+	OverlappedBuckets []int64   `json:",omitempty"`
+	// OverlapDoneInStep are those whose all-reduce completed inside their step, OverlapInStepSeconds the
+	// time they had there per bucket.
+	OverlapDoneInStep    []int64   `json:",omitempty"`
+	OverlapInStepSeconds []float64 `json:",omitempty"`
 	// SentBytes is what host 0's link sent during the run (emulated clusters).
 	SentBytes []uint64 `json:",omitempty"`
 	// CollectiveBytes is what rank 0 handed to all-reduces while training: goaccel's summary's
@@ -596,10 +608,17 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 	var variants []variant
 	for _, m := range p.Models {
 		for _, k := range p.Ks {
+			impls := p.Impls
+			if impls == nil {
+				impls = networkImpls
+			}
 			for _, mode := range p.modes() {
-				for _, impl := range networkImpls {
+				for _, impl := range impls {
 					if _, ok := p.pytorchMode(mode); impl == "pytorch" && !ok {
 						continue
+					}
+					if impl == "goaccel+overlap" && mode != modePlain {
+						continue // overlap is compared on the plain sync alone
 					}
 					name := fmt.Sprintf("NetworkEndToEnd/model=%s/impl=%s/k=%d/rate=%s/procs=%d", m.slug(), impl, k, label,
 						len(hosts.hosts))
@@ -641,9 +660,15 @@ func (d *driver) networkEndToEnd(ctx context.Context, hosts *hostSet, label stri
 			r.StepSeconds = append(r.StepSeconds, s.TrainSeconds/float64(s.OptimizerSteps))
 			r.Steps = append(r.Steps, s.OptimizerSteps)
 			r.CollectiveBytes = append(r.CollectiveBytes, s.CollectiveBytes)
-			if v.run.Impl == "goaccel" && s.MicroBatches > 0 {
+			if strings.HasPrefix(v.run.Impl, "goaccel") && s.MicroBatches > 0 {
 				r.MicroBatchSeconds = append(r.MicroBatchSeconds, s.MicroBatchComputeSeconds/float64(s.MicroBatches))
 				r.UpdateSeconds = append(r.UpdateSeconds, (s.ComputeSeconds-s.MicroBatchComputeSeconds)/float64(s.OptimizerSteps))
+				r.WaitSeconds = append(r.WaitSeconds, s.CommWaitSeconds/float64(s.OptimizerSteps))
+				r.OverlappedBuckets = append(r.OverlappedBuckets, s.OverlappedBuckets)
+				if s.OverlappedBuckets > 0 {
+					r.OverlapDoneInStep = append(r.OverlapDoneInStep, s.OverlapDoneInStep)
+					r.OverlapInStepSeconds = append(r.OverlapInStepSeconds, s.OverlapInStepSeconds/float64(s.OverlappedBuckets))
+				}
 			}
 			if c := hosts.cluster; c != nil {
 				after, err := c.LinkStats(0)
@@ -671,6 +696,10 @@ type networkSummary struct {
 	ComputeSeconds           float64 `json:"compute_seconds"`
 	MicroBatchComputeSeconds float64 `json:"micro_batch_compute_seconds"`
 	CollectiveBytes          int64   `json:"collective_bytes"`
+	CommWaitSeconds          float64 `json:"comm_wait_seconds"`
+	OverlappedBuckets        int64   `json:"overlapped_buckets"`
+	OverlapDoneInStep        int64   `json:"overlap_done_in_step"`
+	OverlapInStepSeconds     float64 `json:"overlap_in_step_seconds"`
 }
 
 // trainOnNetwork trains once across the hosts, one process each with one compute thread, and returns
@@ -687,10 +716,14 @@ func (d *driver) trainOnNetwork(ctx context.Context, hosts *hostSet, impl string
 	}
 	var summary networkSummary
 	n := len(hosts.hosts)
-	if impl == "goaccel" {
+	if strings.HasPrefix(impl, "goaccel") {
 		args, env := p.goaccelMode(mode)
-		cmd, err := hosts.mpirun(ctx, n, s.demo, append(append(job("-"), args...), "-quiet"),
-			jobEnv(append([]string{cpu.ThreadsEnvVar + "=1"}, env...)...))
+		env = append([]string{cpu.ThreadsEnvVar + "=1"}, env...)
+		if p.Impls != nil {
+			// Comparing the two syncs: each run says which it measures.
+			env = append(env, accel.OverlapEnvVar+"="+strconv.FormatBool(impl == "goaccel+overlap"))
+		}
+		cmd, err := hosts.mpirun(ctx, n, s.demo, append(append(job("-"), args...), "-quiet"), jobEnv(env...))
 		if err != nil {
 			return summary, err
 		}

@@ -330,8 +330,8 @@ func (r *reporter) networkOverlap() {
 		"(the step less K micro-batches and the optimizer's update). The micro-batch's time is rank 0's time in its "+
 		"compiled step (forward, backward and accumulation: more than the backward alone), the update's its time "+
 		"in the optimizer, both from the demo's summary; the sync is the bucketed sync above. With K=%d, overlap "+
-		"could save at most %s. goaccel does not overlap: [%s](%s#6-on-a-network) says why.\n\n", smallestK,
-		joinAnd(at), methodDoc, methodDoc)
+		"could save at most %s. These rows sync after the step, goaccel's default; accel.WithOverlap starts each "+
+		"bucket inside it, and [overlap.md](overlap.md) has what that saves.\n\n", smallestK, joinAnd(at))
 	r.table([]string{"Rate", "Model", ">K", ">Micro-batch forward + backward", ">Sync alone", ">Time per optimizer step",
 		">Step not computing", ">Overlap saves at most"}, rows)
 }

@@ -3,6 +3,7 @@ package gomlxpatch
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe" // Required by //go:linkname, and to read and write simplego.Node's data field.
@@ -331,4 +332,105 @@ func UninstallAll(patches []*ExecutorPatch) {
 	for _, patch := range patches {
 		patch.Uninstall()
 	}
+}
+
+var (
+	// nodeIndexOffset and nodeBuilderOffset are simplego.Node's `builderIdx int` and `builder *Builder`,
+	// builderNodesOffset simplego.Builder's `nodes []*Node`: the order in which simplego's sequential
+	// executor runs a graph, which ScheduleFirst rewrites.
+	nodeIndexOffset, nodeBuilderOffset, builderNodesOffset uintptr
+	orderOnce                                              sync.Once
+	orderErr                                               error
+)
+
+func checkOrderLayout() error {
+	orderOnce.Do(func() {
+		if orderErr = CheckSimplegoLayout(); orderErr != nil {
+			return
+		}
+		for _, f := range []struct {
+			owner  reflect.Type
+			name   string
+			typ    reflect.Type
+			offset *uintptr
+		}{
+			{reflect.TypeFor[simplego.Node](), "builderIdx", reflect.TypeFor[int](), &nodeIndexOffset},
+			{reflect.TypeFor[simplego.Node](), "builder", reflect.TypeFor[*simplego.Builder](), &nodeBuilderOffset},
+			{reflect.TypeFor[simplego.Builder](), "nodes", reflect.TypeFor[[]*simplego.Node](), &builderNodesOffset},
+		} {
+			field, found := f.owner.FieldByName(f.name)
+			if !found || field.Type != f.typ {
+				orderErr = fmt.Errorf("simplego.%s has no field %q of type %s (GoMLX internals changed; written "+
+					"against GoMLX v0.26.0)", f.owner.Name(), f.name, f.typ)
+				return
+			}
+			*f.offset = field.Offset
+		}
+	})
+	return orderErr
+}
+
+// ScheduleFirst reorders the builder of first's nodes, before it compiles, so that simplego's sequential
+// executor (which runs nodes in the order they were built) runs each of first's nodes as early as its
+// inputs allow: first[0] and the nodes it depends on, in their built order, then first[1] and what it still
+// needs, and so on, then every other node in its built order. Each node still comes after its inputs. The
+// parallel executor, which follows dependencies, is not affected. It reports whether the order changed.
+func ScheduleFirst(first []*simplego.Node) (bool, error) {
+	if len(first) == 0 {
+		return false, nil
+	}
+	if err := checkOrderLayout(); err != nil {
+		return false, err
+	}
+	builder := *(**simplego.Builder)(unsafe.Add(unsafe.Pointer(first[0]), nodeBuilderOffset))
+	nodesPtr := (*[]*simplego.Node)(unsafe.Add(unsafe.Pointer(builder), builderNodesOffset))
+	nodes := *nodesPtr
+	index := func(n *simplego.Node) *int { return (*int)(unsafe.Add(unsafe.Pointer(n), nodeIndexOffset)) }
+	for _, n := range first {
+		if *(**simplego.Builder)(unsafe.Add(unsafe.Pointer(n), nodeBuilderOffset)) != builder {
+			return false, fmt.Errorf("ScheduleFirst: nodes of different graphs")
+		}
+		if i := *index(n); i < 0 || i >= len(nodes) || nodes[i] != n {
+			return false, fmt.Errorf("ScheduleFirst: node not at its index in its graph (GoMLX internals changed?)")
+		}
+	}
+	placed := make([]bool, len(nodes))
+	order := make([]*simplego.Node, 0, len(nodes))
+	for _, target := range first {
+		// The not yet placed ancestors of target (target included), placed in built order: the built order
+		// is a topological order, so its restriction to any set of nodes is one too.
+		var marked []int
+		stack := []*simplego.Node{target}
+		seen := map[int]bool{}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			i := *index(n)
+			if placed[i] || seen[i] {
+				continue
+			}
+			seen[i] = true
+			marked = append(marked, i)
+			stack = append(stack, NodeInputs(n)...)
+		}
+		slices.Sort(marked)
+		for _, i := range marked {
+			placed[i] = true
+			order = append(order, nodes[i])
+		}
+	}
+	for i, n := range nodes {
+		if !placed[i] {
+			order = append(order, n)
+		}
+	}
+	changed := false
+	for i, n := range order {
+		if nodes[i] != n {
+			changed = true
+		}
+		*index(n) = i
+	}
+	*nodesPtr = order
+	return changed, nil
 }
