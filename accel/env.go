@@ -51,11 +51,7 @@ var envSettings = []envSetting{
 		return WithSharding(s), err
 	}},
 	{LocalSGDEnvVar, func(v string) (Option, error) { return periodOption(v, WithLocalSGD) }},
-	{DiLoCoEnvVar, func(v string) (Option, error) {
-		return periodOption(v, func(h int) Option {
-			return WithDiLoCo(h, prepare.DefaultOuterLearningRate, prepare.DefaultOuterMomentum)
-		})
-	}},
+	{DiLoCoEnvVar, parseDiLoCo},
 	{gomlxbackends.ConfigEnvVar, func(v string) (Option, error) {
 		return func(c *config) { c.backend, c.backendSource = v, gomlxbackends.ConfigEnvVar }, nil
 	}},
@@ -92,6 +88,24 @@ func periodOption(v string, on func(h int) Option) (Option, error) {
 		return func(*config) {}, nil
 	}
 	return on(h), nil
+}
+
+// parseDiLoCo reads GOACCEL_DILOCO: H, H:LR or H:LR:MOMENTUM (the outer optimizer's learning rate and
+// Nesterov momentum, by default prepare.DefaultOuterLearningRate and DefaultOuterMomentum).
+func parseDiLoCo(v string) (Option, error) {
+	parts := strings.Split(strings.TrimSpace(v), ":")
+	if len(parts) > 3 {
+		return nil, fmt.Errorf("want H, H:LR or H:LR:MOMENTUM, got %q", v)
+	}
+	outer := []float64{prepare.DefaultOuterLearningRate, prepare.DefaultOuterMomentum}
+	for i, part := range parts[1:] {
+		x, err := strconv.ParseFloat(strings.TrimSpace(part), 64)
+		if err != nil {
+			return nil, fmt.Errorf("want H, H:LR or H:LR:MOMENTUM with numbers, got %q", v)
+		}
+		outer[i] = x
+	}
+	return periodOption(parts[0], func(h int) Option { return WithDiLoCo(h, outer[0], outer[1]) })
 }
 
 // onWhenTrue is on() for a value that means true, no change for one that means false (off is the default,

@@ -365,9 +365,15 @@ func TestLocalSGDRefusesMisuse(t *testing.T) {
 		cfg, err = accel.Resolve()
 		require.NoError(t, err)
 		assert.Equal(t, "DiLoCo (H=4, outer lr 0.7, momentum 0.9)", cfg.LocalSGD.String())
-		t.Setenv(accel.DiLoCoEnvVar, "-1")
-		_, err = accel.Resolve()
-		require.ErrorContains(t, err, "GOACCEL_DILOCO")
+		t.Setenv(accel.DiLoCoEnvVar, "8:1:0.5")
+		cfg, err = accel.Resolve()
+		require.NoError(t, err)
+		assert.Equal(t, "DiLoCo (H=8, outer lr 1, momentum 0.5)", cfg.LocalSGD.String())
+		for _, bad := range []string{"-1", "8:x", "8:1:0.5:2"} {
+			t.Setenv(accel.DiLoCoEnvVar, bad)
+			_, err = accel.Resolve()
+			require.ErrorContains(t, err, "GOACCEL_DILOCO", bad)
+		}
 	})
 	t.Run("join", func(t *testing.T) {
 		acc := newSingle(t, accel.WithLocalSGD(2))

@@ -82,8 +82,8 @@ const ShardingEnvVar = "GOACCEL_SHARDING"
 // variables by OptionsFromEnv).
 const LocalSGDEnvVar = "GOACCEL_LOCAL_SGD"
 
-// DiLoCoEnvVar sets DiLoCo's period H with the default outer optimizer (see WithDiLoCo); 0 turns it off
-// (read with the other variables by OptionsFromEnv).
+// DiLoCoEnvVar sets DiLoCo's period H, and optionally the outer optimizer's learning rate and momentum:
+// H, H:LR or H:LR:MOMENTUM (see WithDiLoCo); 0 turns it off (read with the other variables by OptionsFromEnv).
 const DiLoCoEnvVar = "GOACCEL_DILOCO"
 
 func defaultConfig() config {
