@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
@@ -63,8 +64,12 @@ type StateSlot struct {
 // StateSlots are the kinds of per-parameter optimizer state this rank holds in blocks (nil unless the
 // model's strategy splits buckets), in a fixed order: by prefix, then suffix.
 func (m Layout) StateSlots() []StateSlot {
+	states := m.blockStates()
+	if len(states) == 0 {
+		return nil
+	}
 	var slots []StateSlot
-	for _, v := range m.blockStateVariables(0) {
+	for _, v := range states[0] {
 		slots = append(slots, v.slot)
 	}
 	return slots
@@ -76,24 +81,32 @@ type blockState struct {
 	v    *context.Variable
 }
 
-// blockStateVariables are the optimizer's state variables for bucket b's parameter block, sorted by slot.
-func (m Layout) blockStateVariables(b int) []blockState {
+// blockStates are the optimizer's state variables for each bucket's parameter block, indexed by bucket and
+// sorted by slot, found in one pass over the context (nil unless the strategy splits buckets).
+func (m Layout) blockStates() [][]blockState {
 	if !m.Sharded() {
 		return nil
 	}
-	name := ParamBlockName(b)
-	var states []blockState
+	states := make([][]blockState, len(m.Plan.Buckets))
 	for v := range m.Ctx.IterVariables() {
 		scope := v.Scope()
-		if scope == Scope || !strings.HasSuffix(scope, Scope) || !strings.HasPrefix(v.Name(), name+"_") {
+		if scope == Scope || !strings.HasSuffix(scope, Scope) {
 			continue
 		}
-		states = append(states, blockState{v: v, slot: StateSlot{Prefix: strings.TrimSuffix(scope, Scope),
-			Suffix: strings.TrimPrefix(v.Name(), name), DType: v.Shape().DType}})
+		// The name is ParamBlockName(b) followed by the slot's suffix ("param_003_1st_moment").
+		digits, _, ok := strings.Cut(strings.TrimPrefix(v.Name(), "param_"), "_")
+		b, err := strconv.Atoi(digits)
+		if !ok || err != nil || b < 0 || b >= len(states) || !strings.HasPrefix(v.Name(), ParamBlockName(b)+"_") {
+			continue
+		}
+		states[b] = append(states[b], blockState{v: v, slot: StateSlot{Prefix: strings.TrimSuffix(scope, Scope),
+			Suffix: strings.TrimPrefix(v.Name(), ParamBlockName(b)), DType: v.Shape().DType}})
 	}
-	slices.SortFunc(states, func(a, b blockState) int {
-		return strings.Compare(a.slot.Prefix+"\x00"+a.slot.Suffix, b.slot.Prefix+"\x00"+b.slot.Suffix)
-	})
+	for _, bucket := range states {
+		slices.SortFunc(bucket, func(a, b blockState) int {
+			return strings.Compare(a.slot.Prefix+"\x00"+a.slot.Suffix, b.slot.Prefix+"\x00"+b.slot.Suffix)
+		})
+	}
 	return states
 }
 
@@ -111,12 +124,13 @@ func (m Layout) SlotParameterName(slot StateSlot, p int) string {
 func (m Layout) BlockState() ([]byte, error) {
 	var out []byte
 	size, rank := m.Size, m.Rank
+	all := m.blockStates()
 	slots := m.StateSlots()
 	for k := range slots {
 		for b, bucket := range m.Plan.Buckets {
-			states := m.blockStateVariables(b)
+			states := all[b]
 			if len(states) != len(slots) || states[k].slot != slots[k] {
-				return nil, fmt.Errorf("prepare: bucket %d's optimizer state is not that of bucket 0", b)
+				return nil, fmt.Errorf("blockstate: bucket %d's optimizer state is not that of bucket 0", b)
 			}
 			from, to := m.Sharding.Owned(bucket.Size, rank, size)
 			t, err := states[k].v.Value()
@@ -126,7 +140,7 @@ func (m Layout) BlockState() ([]byte, error) {
 			elem := slots[k].DType.Size()
 			err = t.ConstBytes(func(data []byte) { out = append(out, data[:(to-from)*elem]...) })
 			if err != nil {
-				return nil, fmt.Errorf("prepare: optimizer state %q: %w", states[k].v.ScopeAndName(), err)
+				return nil, fmt.Errorf("blockstate: optimizer state %q: %w", states[k].v.ScopeAndName(), err)
 			}
 		}
 	}
@@ -155,9 +169,10 @@ type SlotReader func(slot StateSlot, b, from, to int, dst []byte) error
 func (m Layout) ReadBlockState(read SlotReader) (map[*context.Variable]*tensors.Tensor, error) {
 	size, rank := m.Size, m.Rank
 	values := map[*context.Variable]*tensors.Tensor{}
+	all := m.blockStates()
 	for b, bucket := range m.Plan.Buckets {
 		from, to := m.Sharding.Owned(bucket.Size, rank, size)
-		for _, st := range m.blockStateVariables(b) {
+		for _, st := range all[b] {
 			t := tensors.FromShape(st.v.Shape())
 			var readErr error
 			err := t.MutableBytes(func(data []byte) {
@@ -234,21 +249,8 @@ func (m Layout) BlockVariables() []*context.Variable {
 // OptimizerStateBytes is the size of the per-parameter optimizer state this process holds for the model
 // (Adam's moments: 8 bytes per float32 parameter when replicated, 1/N of that in blocks).
 func (m Layout) OptimizerStateBytes() int64 {
-	var n int64
-	for v := range m.Ctx.IterVariables() {
-		if v.Trainable || v.Scope() == Scope {
-			continue
-		}
-		if m.isSlotVariable(v) {
-			n += int64(v.Shape().Memory())
-		}
-	}
-	return n
-}
-
-// isSlotVariable reports whether v is per-parameter optimizer state: named after a trainable variable of
-// its own shape (a parameter, or a parameter block), in a scope that ends with that variable's scope.
-func (m Layout) isSlotVariable(v *context.Variable) bool {
+	// The variables the state is kept for: the parameters, or under a strategy that splits buckets the
+	// parameter blocks.
 	owners := m.Params
 	if m.Sharded() {
 		owners = nil
@@ -258,6 +260,18 @@ func (m Layout) isSlotVariable(v *context.Variable) bool {
 			}
 		}
 	}
+	var n int64
+	for v := range m.Ctx.IterVariables() {
+		if !v.Trainable && v.Scope() != Scope && isSlotOf(v, owners) {
+			n += int64(v.Shape().Memory())
+		}
+	}
+	return n
+}
+
+// isSlotOf reports whether v is per-parameter optimizer state of one of owners: named after it, of its
+// shape, in a scope that ends with its scope.
+func isSlotOf(v *context.Variable, owners []*context.Variable) bool {
 	for _, p := range owners {
 		if strings.HasPrefix(v.Name(), p.Name()+"_") && strings.HasSuffix(v.Scope(), p.Scope()) &&
 			v.Scope() != p.Scope() && slices.Equal(v.Shape().Dimensions, p.Shape().Dimensions) {
