@@ -186,10 +186,7 @@ func (k *softmaxKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer
 	if k.gradient {
 		y, g := data[0].([]float32), data[1].([]float32)
 		l.forRows(func(r, maskRow int) {
-			length := n
-			if prefix != nil {
-				length = int(prefix[maskRow])
-			}
+			length := unmasked(prefix, maskRow, n)
 			lo, hi := r*n, (r+1)*n
 			if length < 0 {
 				softmaxGradientMasked(out[lo:hi], y[lo:hi], g[lo:hi], mask[maskRow*n:(maskRow+1)*n], s.row)
@@ -201,10 +198,7 @@ func (k *softmaxKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer
 	}
 	x := data[0].([]float32)
 	l.forRows(func(r, maskRow int) {
-		length := n
-		if prefix != nil {
-			length = int(prefix[maskRow])
-		}
+		length := unmasked(prefix, maskRow, n)
 		lo, hi := r*n, (r+1)*n
 		if length < 0 {
 			softmaxMasked(out[lo:hi], x[lo:hi], mask[maskRow*n:(maskRow+1)*n], k.maskValue, s.row)
@@ -343,4 +337,13 @@ func layerNormRow(y, x, gain, offset []float32, invN, epsilon float32, t []float
 	vec32.BinaryScalar(vec32.Div, y, y, deviation)
 	vec32.Binary(vec32.Mul, y, y, gain)
 	vec32.Binary(vec32.Add, y, y, offset)
+}
+
+// unmasked is the length of mask row maskRow's leading unmasked run (prefixes' entry; negative: the row is
+// not a leading run), or the whole row of n without a mask.
+func unmasked(prefix []int32, maskRow, n int) int {
+	if prefix == nil {
+		return n
+	}
+	return int(prefix[maskRow])
 }
