@@ -380,3 +380,19 @@ func (a *Accelerator) Stats() Stats {
 	}
 	return s
 }
+
+// powerSGDStateName is the name the PowerSGD hook's state has among a checkpoint's registered values.
+const powerSGDStateName = "goaccel/powersgd"
+
+// usePowerSGD installs the PowerSGD hook and registers its state for checkpoints: each process's own (the
+// error feedback), resized onto another number of processes with zero errors, and optional, so that a run
+// that turns PowerSGD on can resume a checkpoint saved without it.
+func (a *Accelerator) usePowerSGD(cfg accumulate.PowerSGDConfig) error {
+	hook, err := accumulate.NewPowerSGDHook(cfg)
+	if err != nil {
+		return fmt.Errorf("accel: %w", err)
+	}
+	a.rt.CommHook = hook
+	return a.userState.Register(powerSGDStateName, hook, userstate.PerRank(), userstate.Resize(hook.ResizeState),
+		userstate.Optional())
+}

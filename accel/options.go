@@ -11,7 +11,6 @@ import (
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/prepare"
-	"github.com/goaccel/goaccel/userstate"
 )
 
 // Option configures an Accelerator.
@@ -372,20 +371,4 @@ func (c config) shardingOrDefault() accumulate.Sharding {
 		return accumulate.Replicated{}
 	}
 	return c.sharding
-}
-
-// powerSGDStateName is the name the PowerSGD hook's state has among a checkpoint's registered values.
-const powerSGDStateName = "goaccel/powersgd"
-
-// usePowerSGD installs the PowerSGD hook and registers its state for checkpoints: each process's own (the
-// error feedback), resized onto another number of processes with zero errors, and optional, so that a run
-// that turns PowerSGD on can resume a checkpoint saved without it.
-func (a *Accelerator) usePowerSGD(cfg accumulate.PowerSGDConfig) error {
-	hook, err := accumulate.NewPowerSGDHook(cfg)
-	if err != nil {
-		return fmt.Errorf("accel: %w", err)
-	}
-	a.rt.CommHook = hook
-	return a.userState.Register(powerSGDStateName, hook, userstate.PerRank(), userstate.Resize(hook.ResizeState),
-		userstate.Optional())
 }
