@@ -209,6 +209,10 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		// Channels last (a convolution's [batch, h, w, c]): each feature's elements are one apart, so the
 		// row walk below would call its closure once per element. These loops take a whole row of
 		// features at a time instead, with the same float64 operations in the same order: the same bits.
+		// float32 tensors take the vectorised loops (batchnorm_f32.go) instead.
+		if out32, ok := any(out).([]float32); ok && vectorisedFloat32 {
+			return runBatchNormChannelsLast32(part, l, epsilon, n, out32, any(args).([][]float32))
+		}
 		return runBatchNormChannelsLast(part, l, epsilon, n, out, args)
 	}
 	switch part {
@@ -263,7 +267,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 			}
 		})
 	default:
-		return fmt.Errorf("extraops: unknown batch normalization part %d", part)
+		return errUnknownBNPart(part)
 	}
 	return nil
 }
@@ -283,6 +287,13 @@ func bnSums[T float32 | float64](l bnLayout, x []T, term func(x T, feature int) 
 
 // channelsLastLoops turns runBatchNormChannelsLast on (tests compare it with the row walk, bit for bit).
 var channelsLastLoops = true
+
+// vectorisedFloat32 turns runBatchNormChannelsLast32 on for float32 (tests compare it with the float64 loops).
+var vectorisedFloat32 = true
+
+func errUnknownBNPart(part bnPart) error {
+	return fmt.Errorf("extraops: unknown batch normalization part %d", part)
+}
 
 // runBatchNormChannelsLast is runBatchNorm for a layout whose feature axis is the innermost (inner == 1):
 // row o holds the features of outer index o, contiguous. Both paths round every product before adding it
@@ -364,7 +375,7 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 			}
 		})
 	default:
-		return fmt.Errorf("extraops: unknown batch normalization part %d", part)
+		return errUnknownBNPart(part)
 	}
 	return nil
 }

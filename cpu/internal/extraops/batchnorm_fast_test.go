@@ -10,12 +10,15 @@ import (
 
 // TestChannelsLastLoopsMatchTheRowWalk: the channels-last loops of every batch-normalization part give
 // the row walk's results bit for bit (the same float64 operations in the same order), in float32 and
-// float64, on layouts with one feature and with many.
+// float64, on layouts with one feature and with many; and the vectorised float32 loops give them within
+// float32 rounding, on layouts that span several segments, take several threads, or hold more features
+// than a chunk.
 func TestChannelsLastLoopsMatchTheRowWalk(t *testing.T) {
-	t.Cleanup(func() { channelsLastLoops = true })
+	t.Cleanup(func() { channelsLastLoops, vectorisedFloat32 = true, true })
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, l := range []bnLayout{{outer: 1, features: 1, inner: 1}, {outer: 37, features: 16, inner: 1},
-		{outer: 512, features: 3, inner: 1}} {
+		{outer: 512, features: 3, inner: 1}, {outer: 9000, features: 16, inner: 1},
+		{outer: 3, features: 1500, inner: 1}, {outer: 70001, features: 3, inner: 1}} {
 		size := l.outer * l.features
 		parts := []struct {
 			part     bnPart
@@ -44,17 +47,42 @@ func TestChannelsLastLoopsMatchTheRowWalk(t *testing.T) {
 				}
 				in64[i], in32[i] = a64, a32
 			}
-			run := func(fast bool) ([]float64, []float32) {
-				channelsLastLoops = fast
+			run := func(fast, vectorised bool) ([]float64, []float32) {
+				channelsLastLoops, vectorisedFloat32 = fast, vectorised
 				o64, o32 := make([]float64, p.outLen), make([]float32, p.outLen)
 				require.NoError(t, runBatchNorm(p.part, l, 1e-5, o64, in64))
 				require.NoError(t, runBatchNorm(p.part, l, 1e-5, o32, in32))
 				return o64, o32
 			}
-			fast64, fast32 := run(true)
-			slow64, slow32 := run(false)
+			fast64, fast32 := run(true, false)
+			slow64, slow32 := run(false, false)
 			assert.Equal(t, slow64, fast64, "part %d, layout %+v, float64", p.part, l)
 			assert.Equal(t, slow32, fast32, "part %d, layout %+v, float32", p.part, l)
+			_, vectorised := run(true, true)
+			assertWithinFloat32(t, slow32, vectorised, "part %d, layout %+v, vectorised float32", p.part, l)
 		}
 	}
 }
+
+// assertWithinFloat32 checks that got is want within a few float32 roundings of the values' scale: the
+// vectorised loops compute in float32 where the others compute in float64 and round once. The bound is
+// relative to the largest magnitude in want, since a difference of two rounded values is exact only to
+// the operands' own precision.
+func assertWithinFloat32(t *testing.T, want, got []float32, msgAndArgs ...any) {
+	t.Helper()
+	require.Len(t, got, len(want))
+	scale := float32(0)
+	for _, v := range want {
+		scale = max(scale, abs32(v))
+	}
+	for i := range want {
+		if d := abs32(want[i] - got[i]); d > 1e-5*max(scale, 1) {
+			assert.Failf(t, "beyond float32 rounding", "element %d: want %g, got %g (difference %g, scale %g)",
+				i, want[i], got[i], d, scale)
+			assert.Fail(t, "context", msgAndArgs...)
+			return
+		}
+	}
+}
+
+func abs32(x float32) float32 { return max(x, -x) }

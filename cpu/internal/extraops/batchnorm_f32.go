@@ -1,0 +1,201 @@
+package extraops
+
+import (
+	"math"
+	"sync"
+
+	"github.com/goaccel/goaccel/cpu/internal/threads"
+	"github.com/goaccel/goaccel/internal/vec32"
+)
+
+// Channels-last batch normalization in float32 (a convolution's [batch, h, w, c] activations, the case a
+// ResNet spends its batch-norm time in): each part is a few vec32 passes over chunks of whole rows of
+// features, against the per-feature values tiled to a chunk's length, so that the AVX2 kernels do the
+// arithmetic and a chunk's temporaries stay in the first-level cache. The float64 loops of
+// runBatchNormChannelsLast convert every element and could not be vectorised; these are several times
+// faster (BenchmarkBatchNormChannelsLast) and split the rows over the process's compute threads.
+//
+// Precision: element-wise arithmetic is float32, as in the rest of a float32 graph. Sums accumulate in
+// float32 lanes over at most bnFlushChunks chunks, then in float64; the sums run over fixed segments of
+// rows combined in order, so a result does not depend on how many threads computed it.
+
+const (
+	// bnChunkElements is about how many elements one chunk holds: whole rows of features.
+	bnChunkElements = 1024
+	// bnFlushChunks is how many chunks a float32 partial sum covers before it is added into float64: a
+	// segment of rows. Each lane then adds at most this many values in float32.
+	bnFlushChunks = 16
+	// bnParallelElements is the size below which one thread does the whole tensor: a second goroutine's
+	// hand-over costs more than it saves on less.
+	bnParallelElements = 1 << 16
+)
+
+// bnChunks describes how a channels-last tensor of rows × features is cut: chunks of chunkRows rows, and
+// segments of segmentRows rows (bnFlushChunks chunks) whose sums are kept apart.
+type bnChunks struct {
+	rows, features, chunkRows, segmentRows int
+}
+
+func newBNChunks(l bnLayout) bnChunks {
+	chunkRows := max(1, bnChunkElements/l.features)
+	return bnChunks{rows: l.outer, features: l.features, chunkRows: chunkRows, segmentRows: chunkRows * bnFlushChunks}
+}
+
+func (c bnChunks) segments() int { return (c.rows + c.segmentRows - 1) / c.segmentRows }
+
+// tile returns v (one value per feature) repeated chunkRows times.
+func (c bnChunks) tile(v []float32) []float32 {
+	t := make([]float32, c.chunkRows*c.features)
+	for r := range c.chunkRows {
+		copy(t[r*c.features:], v)
+	}
+	return t
+}
+
+// tile64 is tile of float64 values rounded to float32.
+func (c bnChunks) tile64(v []float64) []float32 {
+	v32 := make([]float32, len(v))
+	for i, x := range v {
+		v32[i] = float32(x)
+	}
+	return c.tile(v32)
+}
+
+// forSegments calls fn for every segment, from a few goroutines when the tensor is large: fn gets the
+// segment's index and its first and end rows.
+func (c bnChunks) forSegments(fn func(segment, first, end int)) {
+	segments := c.segments()
+	workers := min(threads.Budget(), segments)
+	if c.rows*c.features < bnParallelElements {
+		workers = 1
+	}
+	run := func(w int) {
+		for s := segments * w / workers; s < segments*(w+1)/workers; s++ {
+			fn(s, s*c.segmentRows, min(c.rows, (s+1)*c.segmentRows))
+		}
+	}
+	if workers <= 1 {
+		run(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for w := 1; w < workers; w++ {
+		wg.Go(func() { run(w) })
+	}
+	run(0)
+	wg.Wait()
+}
+
+// forChunks calls fn with each chunk of rows first..end as the element range [from, to).
+func (c bnChunks) forChunks(first, end int, fn func(from, to int)) {
+	for r := first; r < end; r += c.chunkRows {
+		fn(r*c.features, min(end, r+c.chunkRows)*c.features)
+	}
+}
+
+// featureSums returns, per feature, the sum over every row of the values term returns for each chunk
+// [from, to): a slice of to−from values, either scratch (of that length, for term to fill) or the data
+// itself.
+func (c bnChunks) featureSums(term func(from, to int, scratch []float32) []float32) []float64 {
+	segmentSums := make([]float64, c.segments()*c.features)
+	c.forSegments(func(segment, first, end int) {
+		chunk := c.chunkRows * c.features
+		acc, scratch := make([]float32, chunk), make([]float32, chunk)
+		c.forChunks(first, end, func(from, to int) {
+			n := to - from
+			vec32.Binary(vec32.Add, acc[:n], acc[:n], term(from, to, scratch[:n]))
+		})
+		sums := segmentSums[segment*c.features : (segment+1)*c.features]
+		for r := range c.chunkRows {
+			for f, v := range acc[r*c.features : (r+1)*c.features] {
+				sums[f] += float64(v)
+			}
+		}
+	})
+	sums := make([]float64, c.features)
+	for s := range c.segments() {
+		for f := range sums {
+			sums[f] += segmentSums[s*c.features+f]
+		}
+	}
+	return sums
+}
+
+// forEachChunk calls fn for every chunk of the tensor, the rows split over the compute threads.
+func (c bnChunks) forEachChunk(fn func(from, to int, scratch []float32)) {
+	c.forSegments(func(_, first, end int) {
+		scratch := make([]float32, c.chunkRows*c.features)
+		c.forChunks(first, end, func(from, to int) { fn(from, to, scratch[:to-from]) })
+	})
+}
+
+// runBatchNormChannelsLast32 is runBatchNormChannelsLast for float32 operands.
+func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out []float32, args [][]float32) error {
+	c := newBNChunks(l)
+	switch part {
+	case bnMean, bnGradOffset:
+		x := args[0]
+		sums := c.featureSums(func(from, to int, _ []float32) []float32 { return x[from:to] })
+		for f, sum := range sums {
+			if part == bnMean {
+				sum /= n
+			}
+			out[f] = float32(sum)
+		}
+	case bnVariance:
+		x, mean := args[0], c.tile(args[1])
+		sums := c.featureSums(func(from, to int, d []float32) []float32 {
+			vec32.Binary(vec32.Sub, d, x[from:to], mean)
+			vec32.Binary(vec32.Mul, d, d, d)
+			return d
+		})
+		for f, sum := range sums {
+			out[f] = float32(sum / n)
+		}
+	case bnNormalized:
+		x, scale, offset, variance := args[0], args[1], args[2], args[4]
+		factor := make([]float32, c.features)
+		for f := range factor {
+			factor[f] = float32(float64(scale[f]) / math.Sqrt(float64(variance[f])+epsilon))
+		}
+		mean, factorT, offsetT := c.tile(args[3]), c.tile(factor), c.tile(offset)
+		c.forEachChunk(func(from, to int, _ []float32) {
+			y := out[from:to]
+			vec32.Binary(vec32.Sub, y, x[from:to], mean)
+			vec32.Binary(vec32.Mul, y, y, factorT)
+			vec32.Binary(vec32.Add, y, y, offsetT)
+		})
+	case bnGradScale:
+		x, mean, variance, g := args[0], c.tile(args[1]), args[2], args[3]
+		sums := c.featureSums(func(from, to int, d []float32) []float32 {
+			vec32.Binary(vec32.Sub, d, x[from:to], mean)
+			vec32.Binary(vec32.Mul, d, d, g[from:to])
+			return d
+		})
+		for f, sum := range sums {
+			out[f] = float32(sum / math.Sqrt(float64(variance[f])+epsilon))
+		}
+	case bnGradOperand:
+		// ∂x = k·(N·g − ∂offset − (x − m)·s·∂scale) with k = scale·s/N, as a·g + b·(x − m) + d per feature.
+		x, scale, variance, g, gradScale, gradOffset := args[0], args[1], args[3], args[4], args[5], args[6]
+		a, b, d := make([]float64, c.features), make([]float64, c.features), make([]float64, c.features)
+		for f := range a {
+			s := 1 / math.Sqrt(float64(variance[f])+epsilon)
+			k := float64(scale[f]) * s / n
+			a[f], b[f], d[f] = k*n, -k*float64(gradScale[f])*s, -k*float64(gradOffset[f])
+		}
+		mean, aT, bT, dT := c.tile(args[2]), c.tile64(a), c.tile64(b), c.tile64(d)
+		c.forEachChunk(func(from, to int, centred []float32) {
+			n := to - from
+			y := out[from:to]
+			vec32.Binary(vec32.Sub, centred, x[from:to], mean)
+			vec32.Binary(vec32.Mul, centred, centred, bT[:n])
+			vec32.Binary(vec32.Mul, y, g[from:to], aT[:n])
+			vec32.Binary(vec32.Add, y, y, centred)
+			vec32.Binary(vec32.Add, y, y, dT[:n])
+		})
+	default:
+		return errUnknownBNPart(part)
+	}
+	return nil
+}
