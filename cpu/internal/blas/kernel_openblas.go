@@ -6,75 +6,53 @@ package blas
 #cgo pkg-config: openblas
 #include <stddef.h>
 #include <stdint.h>
-#include <pthread.h>
 #include <cblas.h>
 
-// Below about 64 MFLOP a second OpenBLAS thread costs more in wake-up and hand-over than it saves, and on
-// a busy node a helper thread that is not scheduled at once stalls the caller (docs/notes.md, Note [one
-// BLAS thread for small products]). So small products run on one thread and only large ones use the
-// rank's whole budget.
-#define GOACCEL_PARALLEL_FLOPS (64.0 * 1024 * 1024)
+// OpenBLAS itself always runs on the calling thread: its own worker threads spin (sched_yield) for a long
+// timeout after each threaded product, and on a node whose cores the ranks share exactly that spinning
+// took a core from the graph's other operations (a ResNet step on one process of 2 cores ran slower with
+// 2 threads than with 1). Large products are split in Go instead (sgemmBatched), each part a
+// single-threaded call on its own goroutine, and nothing waits while idle. goaccel_max_threads is the
+// rank's budget for that split.
+static int goaccel_max_threads = 1;
 
-static int goaccel_max_threads = 1;     // the rank's budget, set by set_max_threads
-static int goaccel_current_threads = 1; // what OpenBLAS was last told
-// OpenBLAS's thread count is process-wide: changing it and calling gemm must not interleave with another
-// goroutine doing the same.
-static pthread_mutex_t goaccel_threads_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void set_max_threads(int threads) {
-	pthread_mutex_lock(&goaccel_threads_mu);
-	goaccel_max_threads = threads;
-	openblas_set_num_threads(threads); // starts the threads now, not on the first large product
-	goaccel_current_threads = threads;
-	pthread_mutex_unlock(&goaccel_threads_mu);
-}
+static void set_max_threads(int threads) { goaccel_max_threads = threads; }
 
 static int max_threads(void) { return goaccel_max_threads; }
 
-// init_threads starts from what OpenBLAS chose when it loaded (OPENBLAS_NUM_THREADS, else the cores).
+// init_threads starts from what OpenBLAS chose when it loaded (OPENBLAS_NUM_THREADS, else the cores) as
+// the budget, and makes OpenBLAS's own calls single-threaded.
 static void init_threads(void) {
-	pthread_mutex_lock(&goaccel_threads_mu);
-	goaccel_max_threads = goaccel_current_threads = openblas_get_num_threads();
-	pthread_mutex_unlock(&goaccel_threads_mu);
+	goaccel_max_threads = openblas_get_num_threads();
+	openblas_set_num_threads(1);
 }
 
-static void use_threads_for(int batch, int m, int n, int k) {
-	double flops = 2.0 * batch * m * n * k;
-	int want = flops >= GOACCEL_PARALLEL_FLOPS ? goaccel_max_threads : 1;
-	if (want != goaccel_current_threads) {
-		openblas_set_num_threads(want);
-		goaccel_current_threads = want;
-	}
-}
+// The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item. Each call
+// computes rows m0 to m1 of every item's C (all of them: 0 to m); A's row i starts i·lda elements in, or i
+// when A is transposed.
 
-// The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item.
-
-static void sgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
+static void sgemm_rows(int batch, int m0, int m1, int m, int n, int k, int trans_a, int trans_b,
 		const float *a, int lda, const int64_t *off_a, const float *b, int ldb, const int64_t *off_b, float *c) {
-	pthread_mutex_lock(&goaccel_threads_mu);
-	use_threads_for(batch, m, n, k);
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
+	const size_t row_a = trans_a ? 1 : (size_t)lda;
 	for (int i = 0; i < batch; i++) {
-		const float *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a);
+		const float *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a) + m0 * row_a;
 		const float *bi = b + (off_b ? (size_t)off_b[i] : i * stride_b);
 		cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-			m, n, k, 1.0f, ai, lda, bi, ldb, 0.0f, c + i * stride_c, n);
+			m1 - m0, n, k, 1.0f, ai, lda, bi, ldb, 0.0f, c + i * stride_c + (size_t)m0 * n, n);
 	}
-	pthread_mutex_unlock(&goaccel_threads_mu);
 }
 
-static void dgemm_batched(int batch, int m, int n, int k, int trans_a, int trans_b,
+static void dgemm_rows(int batch, int m0, int m1, int m, int n, int k, int trans_a, int trans_b,
 		const double *a, int lda, const int64_t *off_a, const double *b, int ldb, const int64_t *off_b, double *c) {
-	pthread_mutex_lock(&goaccel_threads_mu);
-	use_threads_for(batch, m, n, k);
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
+	const size_t row_a = trans_a ? 1 : (size_t)lda;
 	for (int i = 0; i < batch; i++) {
-		const double *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a);
+		const double *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a) + m0 * row_a;
 		const double *bi = b + (off_b ? (size_t)off_b[i] : i * stride_b);
 		cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-			m, n, k, 1.0, ai, lda, bi, ldb, 0.0, c + i * stride_c, n);
+			m1 - m0, n, k, 1.0, ai, lda, bi, ldb, 0.0, c + i * stride_c + (size_t)m0 * n, n);
 	}
-	pthread_mutex_unlock(&goaccel_threads_mu);
 }
 */
 import "C"
@@ -82,6 +60,7 @@ import "C"
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
@@ -146,23 +125,33 @@ func cbool(b bool) C.int {
 	return 0
 }
 
-// sgemmBatched computes the float32 gemms g describes, on the tiles where float32OnTiles says so. The slices' memory holds no Go pointers, so passing
-// it to C for the duration of the call follows the cgo pointer rules.
+// sgemmBatched computes the float32 gemms g describes, on the tiles where float32OnTiles says so. The
+// slices' memory holds no Go pointers, so passing it to C for the duration of the call follows the cgo
+// pointer rules.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
 	if float32OnTiles {
 		tileGemmBatched(g, a, b, c)
 		return
 	}
-	C.sgemm_batched(C.int(g.batch), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA), cbool(g.transB),
-		(*C.float)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.float)(&b[0]), C.int(g.ldb()),
-		offsetsPointer(g.offB), (*C.float)(&c[0]))
+	sgemmBatchedOpenBLAS(g, a, b, c)
+}
+
+// sgemmBatchedOpenBLAS is sgemmBatched on OpenBLAS whatever the processor.
+func sgemmBatchedOpenBLAS(g gemmShape, a, b, c []float32) {
+	forRowParts(g, func(m0, m1 int) {
+		C.sgemm_rows(C.int(g.batch), C.int(m0), C.int(m1), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA),
+			cbool(g.transB), (*C.float)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.float)(&b[0]),
+			C.int(g.ldb()), offsetsPointer(g.offB), (*C.float)(&c[0]))
+	})
 }
 
 // dgemmBatched computes the float64 gemms g describes.
 func dgemmBatched(g gemmShape, a, b, c []float64) {
-	C.dgemm_batched(C.int(g.batch), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA), cbool(g.transB),
-		(*C.double)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.double)(&b[0]), C.int(g.ldb()),
-		offsetsPointer(g.offB), (*C.double)(&c[0]))
+	forRowParts(g, func(m0, m1 int) {
+		C.dgemm_rows(C.int(g.batch), C.int(m0), C.int(m1), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA),
+			cbool(g.transB), (*C.double)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.double)(&b[0]),
+			C.int(g.ldb()), offsetsPointer(g.offB), (*C.double)(&c[0]))
+	})
 }
 
 // offsetsPointer passes batch item offsets to C as they are (nil: items back to back).
@@ -171,4 +160,28 @@ func offsetsPointer(offsets []int64) *C.int64_t {
 		return nil
 	}
 	return (*C.int64_t)(unsafe.Pointer(&offsets[0]))
+}
+
+// parallelFlops is the work of a batched product from which it is split over the rank's threads: below
+// it a second goroutine's hand-over costs more than the split saves. A variable so that tests can split
+// small products.
+var parallelFlops = float64(gemmtile.ParallelFlops)
+
+// forRowParts calls part with row ranges [m0, m1) that together cover g's m rows: one range on the calling
+// goroutine, or, for a large product, one per thread of the budget, run at once.
+func forRowParts(g gemmShape, part func(m0, m1 int)) {
+	workers := min(kernelThreads(), g.m)
+	if 2*float64(g.batch)*float64(g.m)*float64(g.n)*float64(g.k) < parallelFlops {
+		workers = 1
+	}
+	if workers <= 1 {
+		part(0, g.m)
+		return
+	}
+	var wg sync.WaitGroup
+	for w := 1; w < workers; w++ {
+		wg.Go(func() { part(g.m*w/workers, g.m*(w+1)/workers) })
+	}
+	part(0, g.m/workers)
+	wg.Wait()
 }

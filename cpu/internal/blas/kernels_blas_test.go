@@ -3,6 +3,8 @@
 package blas
 
 import (
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -53,4 +55,51 @@ func TestAVX512CoreNames(t *testing.T) {
 		"SapphireRapids": true, "Prescott": false} {
 		assert.Equal(t, want, avx512Core(name), name)
 	}
+}
+
+// TestRowPartsMatchOneCall: a product split over threads by rows of C gives what one call gives within
+// rounding, for float32 and float64, transposed and strided operands, batches with offsets, and more
+// threads than rows. Not bit for bit: OpenBLAS picks its kernels by the matrices' sizes (a part has fewer
+// rows), as its own threads do when they split a product.
+func TestRowPartsMatchOneCall(t *testing.T) {
+	savedFlops, savedThreads := parallelFlops, kernelThreads()
+	t.Cleanup(func() { parallelFlops = savedFlops; setKernelThreads(savedThreads) })
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 40 {
+		g := gemmShape{batch: 1 + rng.IntN(3), m: 1 + rng.IntN(70), n: 1 + rng.IntN(40), k: 1 + rng.IntN(50),
+			transA: rng.IntN(2) == 0, transB: rng.IntN(2) == 0}
+		if rng.IntN(2) == 0 {
+			g.ldA, g.ldB = g.lda()+rng.IntN(5), g.ldb()+rng.IntN(5)
+		}
+		rowsA, rowsB := pick(g.transA, g.k, g.m), pick(g.transB, g.n, g.k)
+		sizeA, sizeB := rowsA*g.lda(), rowsB*g.ldb()
+		if rng.IntN(2) == 0 { // items in reverse order, as offsets
+			for item := range g.batch {
+				g.offA = append(g.offA, int64((g.batch-1-item)*sizeA))
+				g.offB = append(g.offB, int64((g.batch-1-item)*sizeB))
+			}
+		}
+		a32, b32 := randomFlat[float32](rng, g.batch*sizeA), randomFlat[float32](rng, g.batch*sizeB)
+		a64, b64 := randomFlat[float64](rng, g.batch*sizeA), randomFlat[float64](rng, g.batch*sizeB)
+		run := func(flops float64, threads int) ([]float32, []float64) {
+			parallelFlops = flops
+			setKernelThreads(threads)
+			c32, c64 := make([]float32, g.batch*g.m*g.n), make([]float64, g.batch*g.m*g.n)
+			sgemmBatchedOpenBLAS(g, a32, b32, c32)
+			dgemmBatched(g, a64, b64, c64)
+			return c32, c64
+		}
+		one32, one64 := run(math.Inf(1), 1)
+		split32, split64 := run(0, 2+i%3)
+		require.InDeltaSlice(t, float64s(one32), float64s(split32), 1e-5*float64(g.k), "float32, %+v", g)
+		require.InDeltaSlice(t, one64, split64, 1e-13*float64(g.k), "float64, %+v", g)
+	}
+}
+
+func float64s(values []float32) []float64 {
+	wide := make([]float64, len(values))
+	for i, v := range values {
+		wide[i] = float64(v)
+	}
+	return wide
 }
