@@ -6,6 +6,7 @@ import (
 
 	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
 )
 
 // Form says how this package builds the gradients of a convolution.
@@ -74,14 +75,17 @@ func (conv *convLayout) gradientsAsConvolutions(x, kernel, v *graph.Node, axes b
 	}
 
 	// Input gradient: v convolved with the reversed kernel, whose input and output channels swap roles.
-	reversed := kernel
-	for i, axis := range axes.KernelSpatial {
-		reversed = reverseAxis(reversed, axis, w.sizes[i])
-	}
 	inputAxes := backends.ConvolveAxesConfig{
 		InputBatch: axes.OutputBatch, InputChannels: axes.OutputChannels, InputSpatial: axes.OutputSpatial,
 		KernelInputChannels: axes.KernelOutputChannels, KernelOutputChannels: axes.KernelInputChannels, KernelSpatial: axes.KernelSpatial,
 		OutputBatch: axes.InputBatch, OutputChannels: axes.InputChannels, OutputSpatial: axes.InputSpatial,
+	}
+	if w.byPhases() {
+		return conv.inputGradientByPhases(kernel, v, axes, inputAxes), kernelGradient
+	}
+	reversed := kernel
+	for i, axis := range axes.KernelSpatial {
+		reversed = reverseAxis(reversed, axis, w.sizes[i])
 	}
 	inputPads := make([][2]int, numSpatial)
 	starts := make([]int, numSpatial)
@@ -115,4 +119,125 @@ func reverseAxis(x *graph.Node, axis, size int) *graph.Node {
 		parts[i] = sliceAxis(x, axis, size-1-i, size-i, 1)
 	}
 	return graph.Concatenate(parts, axis)
+}
+
+// byPhases reports whether the input gradient is built phase by phase (inputGradientByPhases): where some
+// stride exceeds 1, with no kernel dilation and no negative padding.
+func (w windowGeometry) byPhases() bool {
+	strided := false
+	for i := range w.sizes {
+		if w.dilations[i] != 1 || w.lowPads[i] < 0 {
+			return false
+		}
+		strided = strided || w.strides[i] > 1
+	}
+	return strided
+}
+
+// inputGradientByPhases is the input gradient of a strided convolution without the zeros that dilating v
+// by the strides inserts: three quarters of a stride-2 convolution's dilated v are zeros, and a convolution
+// over it spends three quarters of its multiply-adds on them. Per spatial axis with stride s, the input
+// positions i = s·a + r of one phase r receive only the kernel taps k ≡ r + p (mod s):
+//
+//	gradient[s·a + r] = Σ_j v[a + c − j]·w[k₀ + s·j]       k₀ = (r + p) mod s, c = (r + p − k₀)/s
+//
+// an undilated convolution of v by the phase's taps, reversed, with low padding J − 1 − c (J taps). Each
+// combination of phases is one ConvGeneral; their results are interleaved into the input's positions. A
+// phase with no taps (a kernel smaller than the stride) receives zeros.
+func (conv *convLayout) inputGradientByPhases(kernel, v *graph.Node, axes, inputAxes backends.ConvolveAxesConfig) *graph.Node {
+	w := conv.windows
+	numSpatial := len(w.sizes)
+	ones := make([]int, numSpatial)
+	for i := range ones {
+		ones[i] = 1
+	}
+	// phase computes the gradient at the positions of one combination of phases.
+	phase := func(phases []int) *graph.Node {
+		sub := kernel
+		pads := make([][2]int, numSpatial)
+		type cut struct{ axis, start, size int }
+		var cuts []cut
+		outDims := v.Shape().Clone().Dimensions
+		outDims[inputAxes.OutputBatch] = v.Shape().Dimensions[axes.OutputBatch]
+		outDims[inputAxes.OutputChannels] = kernel.Shape().Dimensions[axes.KernelInputChannels]
+		empty := false
+		for i := range numSpatial {
+			s, r, p, size := w.strides[i], phases[i], w.lowPads[i], w.sizes[i]
+			first := (r + p) % s
+			taps := 0
+			if first < size {
+				taps = (size-1-first)/s + 1
+			}
+			c := (r + p - first) / s
+			positions := (w.inputDims[i] - r + s - 1) / s
+			outDims[inputAxes.OutputSpatial[i]] = positions
+			if taps == 0 {
+				empty = true
+				continue
+			}
+			axis := axes.KernelSpatial[i]
+			if taps != size || s != 1 {
+				sub = sliceAxis(sub, axis, first, first+(taps-1)*s+1, s)
+			}
+			sub = reverseAxis(sub, axis, taps)
+			// Output a reads v[a − low + t]; negative paddings are clamped and the surplus sliced off.
+			low := taps - 1 - c
+			start := max(0, -low)
+			high := positions + start - w.outputDims[i] - max(0, low) + taps - 1
+			pads[i] = [2]int{max(0, low), max(0, high)}
+			cuts = append(cuts, cut{axis: axes.InputSpatial[i], start: start, size: positions})
+		}
+		if empty {
+			return graph.Zeros(v.Graph(), shapes.Make(v.DType(), outDims...))
+		}
+		gradient := graph.ConvGeneral(v, sub, inputAxes, ones, pads, nil, ones, 1, 1)
+		for _, cut := range cuts {
+			if cut.start != 0 || gradient.Shape().Dimensions[cut.axis] != cut.size {
+				gradient = sliceAxis(gradient, cut.axis, cut.start, cut.start+cut.size, 1)
+			}
+		}
+		return gradient
+	}
+	var build func(phases []int) *graph.Node
+	build = func(phases []int) *graph.Node {
+		i := len(phases)
+		if i == numSpatial {
+			return phase(phases)
+		}
+		parts := make([]*graph.Node, w.strides[i])
+		for r := range parts {
+			parts[r] = build(append(slices.Clone(phases), r))
+		}
+		return interleave(parts, axes.InputSpatial[i], w.inputDims[i])
+	}
+	return build(nil)
+}
+
+// interleave merges parts along axis into size positions: position s·a + r (s = len(parts)) is part r's
+// position a. Part r holds ⌈(size − r)/s⌉ positions; shorter parts are padded with zeros to the longest,
+// each gets an axis of 1 after axis, they are concatenated there and the two axes merged.
+func interleave(parts []*graph.Node, axis, size int) *graph.Node {
+	s := len(parts)
+	if s == 1 {
+		return parts[0]
+	}
+	longest := (size + s - 1) / s
+	for r, part := range parts {
+		dims := part.Shape().Clone().Dimensions
+		if short := longest - dims[axis]; short > 0 {
+			dims[axis] = short
+			part = graph.Concatenate([]*graph.Node{part, graph.Zeros(part.Graph(), shapes.Make(part.DType(), dims...))}, axis)
+			dims[axis] = longest
+		}
+		parts[r] = graph.Reshape(part, slices.Insert(dims, axis+1, 1)...)
+	}
+	merged := graph.Concatenate(parts, axis+1)
+	dims := parts[0].Shape().Clone().Dimensions
+	dims[axis] *= s
+	dims = slices.Delete(dims, axis+1, axis+2)
+	merged = graph.Reshape(merged, dims...)
+	if longest*s != size {
+		merged = sliceAxis(merged, axis, 0, size, 1)
+	}
+	return merged
 }

@@ -163,6 +163,10 @@ var convCases = []convCase{
 	{name: "1x1/stride2/last", batch: 2, inChannels: 3, outChannels: 2, spatial: []int{5, 4}, kernel: []int{1, 1}, stride: 2},
 	{name: "1d/stride1/same", batch: 2, inChannels: 2, outChannels: 3, spatial: []int{9}, kernel: []int{3}, stride: 1, padSame: true},
 	{name: "3d/stride2/valid", batch: 1, inChannels: 2, outChannels: 2, spatial: []int{5, 4, 5}, kernel: []int{2, 2, 3}, stride: 2},
+	// Input gradients by phases: a phase without taps (kernel 2 < stride 3), sizes not divisible by the stride.
+	{name: "stride3/same/last/phases", batch: 2, inChannels: 2, outChannels: 2, spatial: []int{8, 7}, kernel: []int{2, 4}, stride: 3, padSame: true},
+	{name: "stride2/same/last/odd-size", batch: 2, inChannels: 3, outChannels: 2, spatial: []int{9, 5}, kernel: []int{3, 3}, stride: 2, padSame: true},
+	{name: "1d/stride4/valid", batch: 2, inChannels: 2, outChannels: 3, spatial: []int{11}, kernel: []int{3}, stride: 4},
 }
 
 // TestConvGradientsMatchFiniteDifferences checks the registered convolution gradients on the pure-Go
