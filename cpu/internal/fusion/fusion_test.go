@@ -149,6 +149,12 @@ var cases = []fusionCase{
 		lowest := graph.BroadcastToShape(graph.Const(g, float32(-math.MaxFloat32)), x[0].Shape())
 		return []*graph.Node{graph.Exp(graph.Where(mask, graph.MulScalar(x[0], 0.125), lowest))}
 	}},
+	// Large enough for its tiles to be split over threads (parallelElements), with a broadcast leaf, a
+	// scalar and a boolean: every worker fills its own registers.
+	{name: "split over threads", shapes: []shapes.Shape{f32(64, 33, 40), f32(40)}, chains: -1, fn: func(x []*graph.Node) []*graph.Node {
+		positive := graph.GreaterThan(x[0], graph.ZerosLike(x[0]))
+		return []*graph.Node{graph.Where(positive, graph.Mul(graph.AddScalar(x[0], 0.5), graph.BroadcastToDims(graph.Reshape(x[1], 1, 1, 40), 64, 33, 40)), graph.Exp(x[0]))}
+	}},
 	{name: "boolean input", shapes: []shapes.Shape{f32(50, 50), f32(50, 50)}, chains: -1, fn: func(x []*graph.Node) []*graph.Node {
 		mask := graph.LessThan(x[0], x[1]) // read twice: a boolean leaf of both chains
 		return []*graph.Node{graph.Mul(graph.ConvertDType(mask, dtypes.Float32), x[0]),

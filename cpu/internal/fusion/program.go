@@ -12,6 +12,7 @@ import (
 
 	"github.com/goaccel/goaccel/cpu/internal/broadcast"
 	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 	"github.com/goaccel/goaccel/internal/vec32"
 )
 
@@ -270,6 +271,50 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 		return nil, fmt.Errorf("fusion: %s: output: %w", p.describe, err)
 	}
 	out := outData.([]float32)
+	p.fillScalars(s)
+	size := p.shape.Size()
+	tiles := (size + tile - 1) / tile
+	workers := min(threads.Budget(), tiles)
+	if size < parallelElements {
+		workers = 1
+	}
+	runTiles := func(s *runState, first, end int) {
+		for t := first; t < end; t++ {
+			p.runTile(s, out, t*tile, min((t+1)*tile, size))
+		}
+	}
+	if workers > 1 {
+		// Each worker computes whole tiles in its own registers; the inputs are read, never written.
+		var wg sync.WaitGroup
+		for w := 1; w < workers; w++ {
+			ws := p.state()
+			copy(ws.floats, s.floats)
+			copy(ws.bools, s.bools)
+			copy(ws.scalars, s.scalars)
+			p.fillScalars(ws)
+			wg.Go(func() {
+				runTiles(ws, tiles*w/workers, tiles*(w+1)/workers)
+				clear(ws.floats)
+				clear(ws.bools)
+				p.states.Put(ws)
+			})
+		}
+		runTiles(s, 0, tiles/workers)
+		wg.Wait()
+	} else {
+		runTiles(s, 0, tiles)
+	}
+	clear(s.floats)
+	clear(s.bools)
+	return output, nil
+}
+
+// parallelElements is the output size from which a program's tiles are split over the compute threads:
+// below it a second goroutine's hand-over costs more than the split saves.
+const parallelElements = 1 << 16
+
+// fillScalars sets the registers of the program's scalar leaves to their values, a tile long.
+func (p *program) fillScalars(s *runState) {
 	for i, l := range p.leaves {
 		if l.kind == leafScalar && l.reg >= 0 {
 			reg := s.regs[l.reg*tile : (l.reg+1)*tile]
@@ -278,13 +323,6 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 			}
 		}
 	}
-	size := p.shape.Size()
-	for lo := 0; lo < size; lo += tile {
-		p.runTile(s, out, lo, min(lo+tile, size))
-	}
-	clear(s.floats)
-	clear(s.bools)
-	return output, nil
 }
 
 // runTile computes output elements [lo, hi).
