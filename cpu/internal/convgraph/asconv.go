@@ -44,8 +44,12 @@ func CurrentForm() Form { return Form(currentForm.Load()) }
 //	                                                          a convolution of v, dilated by s (v_s), by the
 //	                                                          reversed kernel: low padding (K−1)·d − p, H outputs
 //
-// Paddings that would be negative are clamped at zero and the surplus output positions sliced off, so the
-// ConvGenerals stay within what every backend accepts.
+// The kernel gradient's high padding is negative where the forward windows never reach the input's last
+// positions (a strided convolution whose stride does not divide the input): the convolution then leaves
+// those positions out instead of computing kernel positions that are sliced off afterwards (a 1×1 stride-2
+// kernel gradient computed 2×2 positions, four times the work). XLA, simplego and convkernel all accept a
+// negative high padding. Low paddings that would be negative are clamped at zero and the surplus output
+// positions sliced off.
 func (conv *convLayout) gradientsAsConvolutions(x, kernel, v *graph.Node, axes backends.ConvolveAxesConfig) (
 	inputGradient, kernelGradient *graph.Node) {
 	w := conv.windows
@@ -65,7 +69,7 @@ func (conv *convLayout) gradientsAsConvolutions(x, kernel, v *graph.Node, axes b
 	kernelPads := make([][2]int, numSpatial)
 	for i := range numSpatial {
 		high := (w.sizes[i]-1)*w.dilations[i] + (w.outputDims[i]-1)*w.strides[i] + 1 - w.lowPads[i] - w.inputDims[i]
-		kernelPads[i] = [2]int{w.lowPads[i], max(0, high)}
+		kernelPads[i] = [2]int{w.lowPads[i], high}
 	}
 	kernelGradient = graph.ConvGeneral(x, v, kernelAxes, w.dilations, kernelPads, nil, w.strides, 1, 1)
 	for i, axis := range axes.KernelSpatial {

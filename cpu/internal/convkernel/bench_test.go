@@ -1,10 +1,15 @@
 package convkernel
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
+
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 )
 
 // BenchmarkMaxPool2x2 times the window walks of a 2×2 max-pooling of the demo CNN's first activation,
@@ -32,4 +37,40 @@ func BenchmarkMaxPool2x2(b *testing.B) {
 			selectAndScatter(plan, true, operand, pooled, gradient)
 		}
 	})
+}
+
+// BenchmarkConvolveResNet times a ResNet's first-stage 3×3 convolution ([64, 14, 14, 16] by [3, 3, 16, 16],
+// channels last, padded to keep its size) on the direct kernel with one compute thread and with two, the
+// product split over both from any size.
+func BenchmarkConvolveResNet(b *testing.B) {
+	if !canRunDirect(&convPlan{}) {
+		b.Skip("no direct kernel on this processor")
+	}
+	input, kernel := shapes.Make(dtypes.Float32, 64, 14, 14, 16), shapes.Make(dtypes.Float32, 3, 3, 16, 16)
+	axes := backends.ConvolveAxesConfig{InputBatch: 0, InputSpatial: []int{1, 2}, InputChannels: 3,
+		KernelSpatial: []int{0, 1}, KernelInputChannels: 2, KernelOutputChannels: 3,
+		OutputBatch: 0, OutputSpatial: []int{1, 2}, OutputChannels: 3}
+	plan, ok, err := newConvPlan(input, kernel, &convParams{axes: axes, paddings: [][2]int{{1, 1}, {1, 1}}})
+	if !ok || err != nil {
+		b.Fatal(ok, err)
+	}
+	x, w, out := make([]float32, input.Size()), make([]float32, kernel.Size()), make([]float32, product(plan.outputDims))
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range x {
+		x[i] = rng.Float32()
+	}
+	for i := range w {
+		w[i] = rng.Float32()
+	}
+	saved := threads.Budget()
+	defer threads.Set(saved)
+	for _, n := range []int{1, 2} {
+		b.Run(fmt.Sprintf("threads=%d", n), func(b *testing.B) {
+			threads.Set(n)
+			for b.Loop() {
+				convolve(plan, x, w, out, &scratch32, true)
+			}
+			b.ReportMetric(2*float64(len(out))*float64(plan.patchLength())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
 }

@@ -70,6 +70,9 @@ func windowOf(p *convPlan) window {
 	return w
 }
 
+// parallelPadElements is the padded size from which padding is split over the compute threads.
+const parallelPadElements = 1 << 16
+
 // padded returns input ([outer][inHeight][inWidth][channels]) inside a zero border as the window reads it,
 // or input itself when there is no border.
 func (w window) padded(input []float32, outer, channels int, pool *scratchPool[float32]) (padded []float32, release func()) {
@@ -77,14 +80,39 @@ func (w window) padded(input []float32, outer, channels int, pool *scratchPool[f
 		return input, func() {}
 	}
 	padded = pool.get(outer * w.height * w.width * channels)
-	clear(padded)
-	line := w.inWidth * channels
-	for o := range outer {
-		for h := range w.inHeight {
-			from := ((o*w.inHeight + h) * w.inWidth) * channels
-			to := ((o*w.height+h+w.padTop)*w.width + w.padLeft) * channels
-			copy(padded[to:to+line], input[from:from+line])
+	// Each plane is written whole (its border cleared, its rows copied) by one goroutine; large inputs are
+	// split over the compute threads by planes, as the product after it is split by rows.
+	line, plane := w.inWidth*channels, w.height*w.width*channels
+	fill := func(first, end int) {
+		for o := first; o < end; o++ {
+			dst := padded[o*plane : (o+1)*plane]
+			top := (w.padTop*w.width + w.padLeft) * channels
+			clear(dst[:top])
+			for h := range w.inHeight {
+				from := (o*w.inHeight + h) * line
+				to := ((w.padTop+h)*w.width + w.padLeft) * channels
+				copy(dst[to:to+line], input[from:from+line])
+				next := len(dst)
+				if h+1 < w.inHeight {
+					next = ((w.padTop+h+1)*w.width + w.padLeft) * channels
+				}
+				clear(dst[to+line : next])
+			}
 		}
+	}
+	workers := min(threads.Budget(), outer)
+	if len(padded) < parallelPadElements {
+		workers = 1
+	}
+	if workers <= 1 {
+		fill(0, outer)
+	} else {
+		var wg sync.WaitGroup
+		for w := 1; w < workers; w++ {
+			wg.Go(func() { fill(outer*w/workers, outer*(w+1)/workers) })
+		}
+		fill(0, outer/workers)
+		wg.Wait()
 	}
 	return padded, func() { pool.put(padded) }
 }
