@@ -180,3 +180,29 @@ func ScatterPoolRow2x2(sign float32, grad, in, source []float32, c, groups, rowS
 	_, _, _ = grad[rowStride+2*groups*c-1], in[rowStride+2*groups*c-1], source[groups*c-1]
 	return scatterPoolRowAccel(sign, grad, in, source, c, groups, rowStride)
 }
+
+// AddSquaredDeviations sets acc[i] += (x[i] − m[i])², for every i < len(acc).
+func AddSquaredDeviations(acc, x, m []float32) {
+	done := sqDevAccAccel(acc, x[:len(acc)], m[:len(acc)])
+	sqDevAccGo(acc[done:], x[done:], m[done:])
+}
+
+// AddDeviationProducts sets acc[i] += (x[i] − m[i])·g[i], for every i < len(acc).
+func AddDeviationProducts(acc, x, m, g []float32) {
+	done := mulDevAccAccel(acc, x[:len(acc)], m[:len(acc)], g[:len(acc)])
+	mulDevAccGo(acc[done:], x[done:], m[done:], g[done:])
+}
+
+// ScaleDeviations sets dst[i] = (x[i] − m[i])·f[i] + o[i], for every i < len(dst).
+func ScaleDeviations(dst, x, m, f, o []float32) {
+	n := len(dst)
+	done := scaleDevAccel(dst, x[:n], m[:n], f[:n], o[:n])
+	scaleDevGo(dst[done:], x[done:], m[done:], f[done:], o[done:])
+}
+
+// CombineDeviations sets dst[i] = (g[i]·a[i] + (x[i] − m[i])·b[i]) + d[i], for every i < len(dst).
+func CombineDeviations(dst, g, x, m, a, b, d []float32) {
+	n := len(dst)
+	done := combineDevAccel(dst, g[:n], x[:n], m[:n], a[:n], b[:n], d[:n])
+	combineDevGo(dst[done:], g[done:], x[done:], m[done:], a[done:], b[done:], d[done:])
+}

@@ -303,3 +303,52 @@ func sumSquaresAccel(x []float32, acc *[16]float64) bool {
 
 //go:noescape
 func sumSquaresV(a *float32, n int, acc *[16]float64)
+
+func sqDevAccAccel(acc, x, m []float32) int {
+	n := whole(len(acc))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	sqDevAccV(unsafe.SliceData(acc), unsafe.SliceData(x), unsafe.SliceData(m), n)
+	return n
+}
+
+func mulDevAccAccel(acc, x, m, g []float32) int {
+	n := whole(len(acc))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	mulDevAccV(unsafe.SliceData(acc), unsafe.SliceData(x), unsafe.SliceData(m), unsafe.SliceData(g), n)
+	return n
+}
+
+func scaleDevAccel(dst, x, m, f, o []float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	scaleDevV(unsafe.SliceData(dst), unsafe.SliceData(x), unsafe.SliceData(m), unsafe.SliceData(f), unsafe.SliceData(o), n)
+	return n
+}
+
+func combineDevAccel(dst, g, x, m, a, b, d []float32) int {
+	n := whole(len(dst))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	combineDevV(unsafe.SliceData(dst), unsafe.SliceData(g), unsafe.SliceData(x), unsafe.SliceData(m),
+		unsafe.SliceData(a), unsafe.SliceData(b), unsafe.SliceData(d), n)
+	return n
+}
+
+//go:noescape
+func sqDevAccV(acc, x, m *float32, n int)
+
+//go:noescape
+func mulDevAccV(acc, x, m, grad *float32, n int)
+
+//go:noescape
+func scaleDevV(dst, x, m, f, o *float32, n int)
+
+//go:noescape
+func combineDevV(dst, grad, x, m, a, b, d *float32, n int)

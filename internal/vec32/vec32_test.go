@@ -113,6 +113,11 @@ func TestKernelsMatchGo(t *testing.T) {
 			}
 			check("FromBool", func(dst []float32) { FromBool(dst, bools) })
 			check("Fill", func(dst []float32) { Fill(dst, s) })
+			d, e, f := inputs(rng, n), inputs(rng, n), inputs(rng, n)
+			check("AddSquaredDeviations", func(dst []float32) { copy(dst, c); AddSquaredDeviations(dst, a, b) })
+			check("AddDeviationProducts", func(dst []float32) { copy(dst, c); AddDeviationProducts(dst, a, b, d) })
+			check("ScaleDeviations", func(dst []float32) { ScaleDeviations(dst, a, b, c, d) })
+			check("CombineDeviations", func(dst []float32) { CombineDeviations(dst, a, b, c, d, e, f) })
 		}
 	}
 }

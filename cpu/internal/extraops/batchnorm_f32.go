@@ -9,11 +9,12 @@ import (
 )
 
 // Channels-last batch normalization in float32 (a convolution's [batch, h, w, c] activations, the case a
-// ResNet spends its batch-norm time in): each part is a few vec32 passes over chunks of whole rows of
-// features, against the per-feature values tiled to a chunk's length, so that the AVX2 kernels do the
-// arithmetic and a chunk's temporaries stay in the first-level cache. The float64 loops of
-// runBatchNormChannelsLast convert every element and could not be vectorised; these are several times
-// faster (BenchmarkBatchNormChannelsLast) and split the rows over the process's compute threads.
+// ResNet spends its batch-norm time in): each part is one vec32 pass (a sum, or one of the deviation
+// kernels such as AddSquaredDeviations) over chunks of whole rows of features, against the per-feature
+// values tiled to a chunk's length, so that the AVX2 kernels do the arithmetic and the partial sums stay
+// in the first-level cache. The float64 loops of runBatchNormChannelsLast convert every element and are
+// not vectorised; these are several times faster (BenchmarkBatchNormChannelsLast) and split the rows over
+// the process's compute threads.
 //
 // Precision: element-wise arithmetic is float32, as in the rest of a float32 graph. Sums accumulate in
 // float32 lanes over at most bnFlushChunks chunks, then in float64; the sums run over fixed segments of
@@ -93,18 +94,13 @@ func (c bnChunks) forChunks(first, end int, fn func(from, to int)) {
 	}
 }
 
-// featureSums returns, per feature, the sum over every row of the values term returns for each chunk
-// [from, to): a slice of to−from values, either scratch (of that length, for term to fill) or the data
-// itself.
-func (c bnChunks) featureSums(term func(from, to int, scratch []float32) []float32) []float64 {
+// featureSums returns, per feature, the sum over every row of the values accumulate adds for each chunk
+// [from, to) into acc (acc[:to−from], float32 partial sums kept per position of a chunk).
+func (c bnChunks) featureSums(accumulate func(from, to int, acc []float32)) []float64 {
 	segmentSums := make([]float64, c.segments()*c.features)
 	c.forSegments(func(segment, first, end int) {
-		chunk := c.chunkRows * c.features
-		acc, scratch := make([]float32, chunk), make([]float32, chunk)
-		c.forChunks(first, end, func(from, to int) {
-			n := to - from
-			vec32.Binary(vec32.Add, acc[:n], acc[:n], term(from, to, scratch[:n]))
-		})
+		acc := make([]float32, c.chunkRows*c.features)
+		c.forChunks(first, end, func(from, to int) { accumulate(from, to, acc[:to-from]) })
 		sums := segmentSums[segment*c.features : (segment+1)*c.features]
 		for r := range c.chunkRows {
 			for f, v := range acc[r*c.features : (r+1)*c.features] {
@@ -122,11 +118,8 @@ func (c bnChunks) featureSums(term func(from, to int, scratch []float32) []float
 }
 
 // forEachChunk calls fn for every chunk of the tensor, the rows split over the compute threads.
-func (c bnChunks) forEachChunk(fn func(from, to int, scratch []float32)) {
-	c.forSegments(func(_, first, end int) {
-		scratch := make([]float32, c.chunkRows*c.features)
-		c.forChunks(first, end, func(from, to int) { fn(from, to, scratch[:to-from]) })
-	})
+func (c bnChunks) forEachChunk(fn func(from, to int)) {
+	c.forSegments(func(_, first, end int) { c.forChunks(first, end, fn) })
 }
 
 // runBatchNormChannelsLast32 is runBatchNormChannelsLast for float32 operands.
@@ -135,7 +128,7 @@ func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out
 	switch part {
 	case bnMean, bnGradOffset:
 		x := args[0]
-		sums := c.featureSums(func(from, to int, _ []float32) []float32 { return x[from:to] })
+		sums := c.featureSums(func(from, to int, acc []float32) { vec32.Binary(vec32.Add, acc, acc, x[from:to]) })
 		for f, sum := range sums {
 			if part == bnMean {
 				sum /= n
@@ -144,11 +137,7 @@ func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out
 		}
 	case bnVariance:
 		x, mean := args[0], c.tile(args[1])
-		sums := c.featureSums(func(from, to int, d []float32) []float32 {
-			vec32.Binary(vec32.Sub, d, x[from:to], mean)
-			vec32.Binary(vec32.Mul, d, d, d)
-			return d
-		})
+		sums := c.featureSums(func(from, to int, acc []float32) { vec32.AddSquaredDeviations(acc, x[from:to], mean) })
 		for f, sum := range sums {
 			out[f] = float32(sum / n)
 		}
@@ -159,18 +148,11 @@ func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out
 			factor[f] = float32(float64(scale[f]) / math.Sqrt(float64(variance[f])+epsilon))
 		}
 		mean, factorT, offsetT := c.tile(args[3]), c.tile(factor), c.tile(offset)
-		c.forEachChunk(func(from, to int, _ []float32) {
-			y := out[from:to]
-			vec32.Binary(vec32.Sub, y, x[from:to], mean)
-			vec32.Binary(vec32.Mul, y, y, factorT)
-			vec32.Binary(vec32.Add, y, y, offsetT)
-		})
+		c.forEachChunk(func(from, to int) { vec32.ScaleDeviations(out[from:to], x[from:to], mean, factorT, offsetT) })
 	case bnGradScale:
 		x, mean, variance, g := args[0], c.tile(args[1]), args[2], args[3]
-		sums := c.featureSums(func(from, to int, d []float32) []float32 {
-			vec32.Binary(vec32.Sub, d, x[from:to], mean)
-			vec32.Binary(vec32.Mul, d, d, g[from:to])
-			return d
+		sums := c.featureSums(func(from, to int, acc []float32) {
+			vec32.AddDeviationProducts(acc, x[from:to], mean, g[from:to])
 		})
 		for f, sum := range sums {
 			out[f] = float32(sum / math.Sqrt(float64(variance[f])+epsilon))
@@ -185,14 +167,8 @@ func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out
 			a[f], b[f], d[f] = k*n, -k*float64(gradScale[f])*s, -k*float64(gradOffset[f])
 		}
 		mean, aT, bT, dT := c.tile(args[2]), c.tile64(a), c.tile64(b), c.tile64(d)
-		c.forEachChunk(func(from, to int, centred []float32) {
-			n := to - from
-			y := out[from:to]
-			vec32.Binary(vec32.Sub, centred, x[from:to], mean)
-			vec32.Binary(vec32.Mul, centred, centred, bT[:n])
-			vec32.Binary(vec32.Mul, y, g[from:to], aT[:n])
-			vec32.Binary(vec32.Add, y, y, centred)
-			vec32.Binary(vec32.Add, y, y, dT[:n])
+		c.forEachChunk(func(from, to int) {
+			vec32.CombineDeviations(out[from:to], g[from:to], x[from:to], mean, aT, bT, dT)
 		})
 	default:
 		return errUnknownBNPart(part)

@@ -86,6 +86,7 @@ func Generate() []byte {
 	g.poolRow("minPoolRowV", true)
 	g.scatterPoolRow()
 	g.sumSquares()
+	g.deviations()
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -846,4 +847,55 @@ func (g *gen) sumSquares() {
 	}
 	g.p("\tVZEROUPPER")
 	g.p("\tRET")
+}
+
+// deviations writes the kernels of batch normalization's passes over x − m (m a per-feature value tiled to
+// x's length), each one pass instead of three to five separate element-wise ones, with Go's operation order
+// (deviationsGo):
+//
+//	sqDevAccV:   acc += (x − m)·(x − m)
+//	mulDevAccV:  acc += (x − m)·g
+//	scaleDevV:   dst = (x − m)·f + o
+//	combineDevV: dst = (g·a + (x − m)·b) + d
+func (g *gen) deviations() {
+	acc := args{pointers: []string{"acc", "x", "m"}, regs: []string{"DX", "SI", "DI"}}
+	g.kernel("sqDevAccV", acc, 4, nil, func(k, off int) {
+		d := y(2 * k)
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), d)
+		g.p("\tVSUBPS %s, %s, %s", mem("DI", off), d, d)
+		g.p("\tVMULPS %s, %s, %s", d, d, d)
+		g.p("\tVADDPS %s, %s, %s", mem("DX", off), d, d)
+		g.p("\tVMOVUPS %s, %s", d, mem("DX", off))
+	}, nil)
+	mulAcc := args{pointers: []string{"acc", "x", "m", "grad"}, regs: []string{"DX", "SI", "DI", "R8"}}
+	g.kernel("mulDevAccV", mulAcc, 4, nil, func(k, off int) {
+		d := y(2 * k)
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), d)
+		g.p("\tVSUBPS %s, %s, %s", mem("DI", off), d, d)
+		g.p("\tVMULPS %s, %s, %s", mem("R8", off), d, d)
+		g.p("\tVADDPS %s, %s, %s", mem("DX", off), d, d)
+		g.p("\tVMOVUPS %s, %s", d, mem("DX", off))
+	}, nil)
+	scale := args{pointers: []string{"dst", "x", "m", "f", "o"}, regs: []string{"DX", "SI", "DI", "R8", "R9"}}
+	g.kernel("scaleDevV", scale, 4, nil, func(k, off int) {
+		d := y(2 * k)
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), d)
+		g.p("\tVSUBPS %s, %s, %s", mem("DI", off), d, d)
+		g.p("\tVMULPS %s, %s, %s", mem("R8", off), d, d)
+		g.p("\tVADDPS %s, %s, %s", mem("R9", off), d, d)
+		g.p("\tVMOVUPS %s, %s", d, mem("DX", off))
+	}, nil)
+	combine := args{pointers: []string{"dst", "grad", "x", "m", "a", "b", "d"},
+		regs: []string{"DX", "SI", "DI", "R8", "R9", "R10", "R11"}}
+	g.kernel("combineDevV", combine, 4, nil, func(k, off int) {
+		dev, ga := y(2*k), y(2*k+1)
+		g.p("\tVMOVUPS %s, %s", mem("DI", off), dev)
+		g.p("\tVSUBPS %s, %s, %s", mem("R8", off), dev, dev)
+		g.p("\tVMULPS %s, %s, %s", mem("R10", off), dev, dev)
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), ga)
+		g.p("\tVMULPS %s, %s, %s", mem("R9", off), ga, ga)
+		g.p("\tVADDPS %s, %s, %s", dev, ga, ga)
+		g.p("\tVADDPS %s, %s, %s", mem("R11", off), ga, ga)
+		g.p("\tVMOVUPS %s, %s", ga, mem("DX", off))
+	}, nil)
 }
