@@ -300,23 +300,8 @@ func erf32(x float32) float32 {
 // Erf32 is erf(x) in float32, for one value.
 func Erf32(x float32) float32 { return erf32(x) }
 
-// deviationsGo are the Go loops of the deviation kernels (vec32.go's AddSquaredDeviations and the rest),
-// every product rounded to float32 before it is added, as the assembly computes it.
-func sqDevAccGo(acc, x, m []float32) {
-	x, m = x[:len(acc)], m[:len(acc)]
-	for i := range acc {
-		d := x[i] - m[i]
-		acc[i] += float32(d * d)
-	}
-}
-
-func mulDevAccGo(acc, x, m, g []float32) {
-	x, m, g = x[:len(acc)], m[:len(acc)], g[:len(acc)]
-	for i := range acc {
-		acc[i] += float32((x[i] - m[i]) * g[i])
-	}
-}
-
+// The Go loops of batch normalization's kernels (vec32.go's AddShiftedMoments and the rest), every product
+// rounded to float32 before it is added, as the assembly computes it.
 func scaleDevGo(dst, x, m, f, o []float32) {
 	x, m, f, o = x[:len(dst)], m[:len(dst)], f[:len(dst)], o[:len(dst)]
 	for i := range dst {
@@ -328,5 +313,22 @@ func combineDevGo(dst, g, x, m, a, b, d []float32) {
 	g, x, m, a, b, d = g[:len(dst)], x[:len(dst)], m[:len(dst)], a[:len(dst)], b[:len(dst)], d[:len(dst)]
 	for i := range dst {
 		dst[i] = (float32(g[i]*a[i]) + float32((x[i]-m[i])*b[i])) + d[i]
+	}
+}
+
+func shiftedMomentsGo(sum, squares, x, shift []float32) {
+	squares, x, shift = squares[:len(sum)], x[:len(sum)], shift[:len(sum)]
+	for i := range sum {
+		d := x[i] - shift[i]
+		squares[i] += float32(d * d)
+		sum[i] += d
+	}
+}
+
+func gradientMomentsGo(sum, products, g, x, m []float32) {
+	products, g, x, m = products[:len(sum)], g[:len(sum)], x[:len(sum)], m[:len(sum)]
+	for i := range sum {
+		products[i] += float32(g[i] * (x[i] - m[i]))
+		sum[i] += g[i]
 	}
 }

@@ -181,18 +181,6 @@ func ScatterPoolRow2x2(sign float32, grad, in, source []float32, c, groups, rowS
 	return scatterPoolRowAccel(sign, grad, in, source, c, groups, rowStride)
 }
 
-// AddSquaredDeviations sets acc[i] += (x[i] − m[i])², for every i < len(acc).
-func AddSquaredDeviations(acc, x, m []float32) {
-	done := sqDevAccAccel(acc, x[:len(acc)], m[:len(acc)])
-	sqDevAccGo(acc[done:], x[done:], m[done:])
-}
-
-// AddDeviationProducts sets acc[i] += (x[i] − m[i])·g[i], for every i < len(acc).
-func AddDeviationProducts(acc, x, m, g []float32) {
-	done := mulDevAccAccel(acc, x[:len(acc)], m[:len(acc)], g[:len(acc)])
-	mulDevAccGo(acc[done:], x[done:], m[done:], g[done:])
-}
-
 // ScaleDeviations sets dst[i] = (x[i] − m[i])·f[i] + o[i], for every i < len(dst).
 func ScaleDeviations(dst, x, m, f, o []float32) {
 	n := len(dst)
@@ -205,4 +193,19 @@ func CombineDeviations(dst, g, x, m, a, b, d []float32) {
 	n := len(dst)
 	done := combineDevAccel(dst, g[:n], x[:n], m[:n], a[:n], b[:n], d[:n])
 	combineDevGo(dst[done:], g[done:], x[done:], m[done:], a[done:], b[done:], d[done:])
+}
+
+// AddShiftedMoments sets sum[i] += x[i] − shift[i] and squares[i] += (x[i] − shift[i])², for every
+// i < len(sum): a mean's and a variance's sums in one pass (shift, near the mean, keeps the squares small).
+func AddShiftedMoments(sum, squares, x, shift []float32) {
+	n := len(sum)
+	done := shiftedMomentsAccel(sum, squares[:n], x[:n], shift[:n])
+	shiftedMomentsGo(sum[done:], squares[done:], x[done:], shift[done:])
+}
+
+// AddGradientMoments sets sum[i] += g[i] and products[i] += (x[i] − m[i])·g[i], for every i < len(sum).
+func AddGradientMoments(sum, products, g, x, m []float32) {
+	n := len(sum)
+	done := gradientMomentsAccel(sum, products[:n], g[:n], x[:n], m[:n])
+	gradientMomentsGo(sum[done:], products[done:], g[done:], x[done:], m[done:])
 }

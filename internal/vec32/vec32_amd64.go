@@ -304,24 +304,6 @@ func sumSquaresAccel(x []float32, acc *[16]float64) bool {
 //go:noescape
 func sumSquaresV(a *float32, n int, acc *[16]float64)
 
-func sqDevAccAccel(acc, x, m []float32) int {
-	n := whole(len(acc))
-	if !accelerated || n == 0 {
-		return 0
-	}
-	sqDevAccV(unsafe.SliceData(acc), unsafe.SliceData(x), unsafe.SliceData(m), n)
-	return n
-}
-
-func mulDevAccAccel(acc, x, m, g []float32) int {
-	n := whole(len(acc))
-	if !accelerated || n == 0 {
-		return 0
-	}
-	mulDevAccV(unsafe.SliceData(acc), unsafe.SliceData(x), unsafe.SliceData(m), unsafe.SliceData(g), n)
-	return n
-}
-
 func scaleDevAccel(dst, x, m, f, o []float32) int {
 	n := whole(len(dst))
 	if !accelerated || n == 0 {
@@ -342,13 +324,32 @@ func combineDevAccel(dst, g, x, m, a, b, d []float32) int {
 }
 
 //go:noescape
-func sqDevAccV(acc, x, m *float32, n int)
-
-//go:noescape
-func mulDevAccV(acc, x, m, grad *float32, n int)
-
-//go:noescape
 func scaleDevV(dst, x, m, f, o *float32, n int)
 
 //go:noescape
 func combineDevV(dst, grad, x, m, a, b, d *float32, n int)
+
+func shiftedMomentsAccel(sum, squares, x, shift []float32) int {
+	n := whole(len(sum))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	shiftedMomentsV(unsafe.SliceData(sum), unsafe.SliceData(squares), unsafe.SliceData(x), unsafe.SliceData(shift), n)
+	return n
+}
+
+func gradientMomentsAccel(sum, products, g, x, m []float32) int {
+	n := whole(len(sum))
+	if !accelerated || n == 0 {
+		return 0
+	}
+	gradientMomentsV(unsafe.SliceData(sum), unsafe.SliceData(products), unsafe.SliceData(g), unsafe.SliceData(x),
+		unsafe.SliceData(m), n)
+	return n
+}
+
+//go:noescape
+func shiftedMomentsV(sum, squares, x, shift *float32, n int)
+
+//go:noescape
+func gradientMomentsV(sum, products, grad, x, m *float32, n int)

@@ -28,7 +28,7 @@ func scatterPoolRowAccel(float32, []float32, []float32, []float32, int, int, int
 
 func sumSquaresAccel([]float32, *[16]float64) bool { return false }
 
-func sqDevAccAccel(_, _, _ []float32) int               { return 0 }
-func mulDevAccAccel(_, _, _, _ []float32) int           { return 0 }
 func scaleDevAccel(_, _, _, _, _ []float32) int         { return 0 }
 func combineDevAccel(_, _, _, _, _, _, _ []float32) int { return 0 }
+func shiftedMomentsAccel(_, _, _, _ []float32) int      { return 0 }
+func gradientMomentsAccel(_, _, _, _, _ []float32) int  { return 0 }

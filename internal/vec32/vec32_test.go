@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -114,8 +115,11 @@ func TestKernelsMatchGo(t *testing.T) {
 			check("FromBool", func(dst []float32) { FromBool(dst, bools) })
 			check("Fill", func(dst []float32) { Fill(dst, s) })
 			d, e, f := inputs(rng, n), inputs(rng, n), inputs(rng, n)
-			check("AddSquaredDeviations", func(dst []float32) { copy(dst, c); AddSquaredDeviations(dst, a, b) })
-			check("AddDeviationProducts", func(dst []float32) { copy(dst, c); AddDeviationProducts(dst, a, b, d) })
+			// The two-accumulator kernels: each accumulator checked on its own.
+			check("AddShiftedMoments sum", func(dst []float32) { copy(dst, d); AddShiftedMoments(dst, slices.Clone(c[:n]), a, b) })
+			check("AddShiftedMoments squares", func(dst []float32) { copy(dst, c); AddShiftedMoments(slices.Clone(d[:n]), dst, a, b) })
+			check("AddGradientMoments sum", func(dst []float32) { copy(dst, d); AddGradientMoments(dst, slices.Clone(c[:n]), a, b, e) })
+			check("AddGradientMoments products", func(dst []float32) { copy(dst, c); AddGradientMoments(slices.Clone(d[:n]), dst, a, b, e) })
 			check("ScaleDeviations", func(dst []float32) { ScaleDeviations(dst, a, b, c, d) })
 			check("CombineDeviations", func(dst []float32) { CombineDeviations(dst, a, b, c, d, e, f) })
 		}

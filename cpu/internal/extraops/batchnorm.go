@@ -18,19 +18,19 @@ import (
 //	BatchNormGradient:     ∂offset = Σ g, ∂scale = Σ g·(x − m)·s, ∂x = scale·s/N·(N·g − ∂offset − (x − m)·s·∂scale)
 //
 // where g is the gradient of y and the sums run over every axis but the feature axis. Each op with several
-// results is built as one node per result (simplego's multi-output nodes have no executor table to patch),
-// the later ones reading the earlier: the mean, the variance from it, then y; ∂offset, ∂scale, then ∂x.
-// Sums accumulate in float64.
+// results is built from single-output nodes (simplego's multi-output nodes have no executor table to
+// patch): one statistics node computes both sums of a pass over the operand into a [2, features] result,
+// which two slices hand out, and the element-wise result reads them: [m; v], then y; [∂offset; ∂scale],
+// then ∂x. One pass for both statistics reads the operand (and g) once where a node per statistic read it
+// twice. Sums accumulate in float64.
 
 // bnPart says which result of a batch normalization op a node computes.
 type bnPart int
 
 const (
 	bnNormalized  bnPart = iota // y, from x, scale, offset, mean and variance
-	bnMean                      // the batch mean, from x
-	bnVariance                  // the batch variance, from x and its mean
-	bnGradOffset                // Σ g, from g
-	bnGradScale                 // Σ g·(x − m)·s, from x, mean, variance and g
+	bnStats                     // [m; v] (two rows of features), from x
+	bnGradStats                 // [Σ g; Σ g·(x − m)·s], from x, mean, variance and g
 	bnGradOperand               // ∂x, from x, scale, mean, variance, g, ∂scale and ∂offset
 )
 
@@ -88,10 +88,11 @@ func (b *extendedBuilder) BatchNormForTraining(operand, scale, offset backends.O
 	}
 	shape, _ := b.OpShape(operand)
 	part := func(part bnPart) *bnParams { return &bnParams{part: part, epsilon: epsilon, featureAxis: featureAxis} }
-	if batchMean, err = b.newNode(opType, features, part(bnMean), operand); err != nil {
+	stats, err := b.newNode(opType, shapes.Make(features.DType, 2, features.Dimensions[0]), part(bnStats), operand)
+	if err != nil {
 		return nil, nil, nil, err
 	}
-	if batchVariance, err = b.newNode(opType, features, part(bnVariance), operand, batchMean); err != nil {
+	if batchMean, batchVariance, err = b.bnRows(stats, features.Dimensions[0]); err != nil {
 		return nil, nil, nil, err
 	}
 	normalized, err = b.newNode(opType, shape.Clone(), part(bnNormalized), operand, scale, offset, batchMean, batchVariance)
@@ -99,6 +100,24 @@ func (b *extendedBuilder) BatchNormForTraining(operand, scale, offset backends.O
 		return nil, nil, nil, err
 	}
 	return normalized, batchMean, batchVariance, nil
+}
+
+// bnRows returns the two rows of a [2, features] statistics node, each as a [features] vector.
+func (b *extendedBuilder) bnRows(stats backends.Op, features int) (first, second backends.Op, err error) {
+	row := func(i int) (backends.Op, error) {
+		sliced, err := b.Slice(stats, []int{i, 0}, []int{i + 1, features}, []int{1, 1})
+		if err != nil {
+			return nil, err
+		}
+		return b.Reshape(sliced, features)
+	}
+	if first, err = row(0); err != nil {
+		return nil, nil, err
+	}
+	if second, err = row(1); err != nil {
+		return nil, nil, err
+	}
+	return first, second, nil
 }
 
 // BatchNormGradient implements backends.Builder.
@@ -115,10 +134,12 @@ func (b *extendedBuilder) BatchNormGradient(operand, scale, mean, variance, grad
 			gradShape, shape, err)
 	}
 	part := func(part bnPart) *bnParams { return &bnParams{part: part, epsilon: epsilon, featureAxis: featureAxis} }
-	if gradOffset, err = b.newNode(opType, features, part(bnGradOffset), gradOutput); err != nil {
+	stats, err := b.newNode(opType, shapes.Make(features.DType, 2, features.Dimensions[0]), part(bnGradStats),
+		operand, mean, variance, gradOutput)
+	if err != nil {
 		return nil, nil, nil, err
 	}
-	if gradScale, err = b.newNode(opType, features, part(bnGradScale), operand, mean, variance, gradOutput); err != nil {
+	if gradOffset, gradScale, err = b.bnRows(stats, features.Dimensions[0]); err != nil {
 		return nil, nil, nil, err
 	}
 	gradOperand, err = b.newNode(opType, shape.Clone(), part(bnGradOperand), operand, scale, mean, variance,
@@ -130,8 +151,7 @@ func (b *extendedBuilder) BatchNormGradient(operand, scale, mean, variance, grad
 }
 
 // bnInputs is the number of inputs of each part's node.
-var bnInputs = map[bnPart]int{bnNormalized: 5, bnMean: 1, bnVariance: 2, bnGradOffset: 1, bnGradScale: 4,
-	bnGradOperand: 7}
+var bnInputs = map[bnPart]int{bnNormalized: 5, bnStats: 1, bnGradStats: 4, bnGradOperand: 7}
 
 // execBatchNorm runs every batch normalization node: the three op types share it, the part in the node's
 // data saying what to compute.
@@ -215,17 +235,16 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		}
 		return runBatchNormChannelsLast(part, l, epsilon, n, out, args)
 	}
+	features := l.features
 	switch part {
-	case bnMean:
-		sums := bnSums(l, args[0], func(x T, _ int) float64 { return float64(x) })
-		for c, sum := range sums {
+	case bnStats: // the mean, then the variance about it (as rounded to T) in a second pass
+		for c, sum := range bnSums(l, args[0], func(x T, _ int) float64 { return float64(x) }) {
 			out[c] = T(sum / n)
 		}
-	case bnVariance:
-		mean := args[1]
+		mean := out[:features]
 		sums := bnSums(l, args[0], func(x T, c int) float64 { d := float64(x) - float64(mean[c]); return float64(d * d) })
 		for c, sum := range sums {
-			out[c] = T(sum / n)
+			out[features+c] = T(sum / n)
 		}
 	case bnNormalized:
 		x, scale, offset, mean, variance := args[0], args[1], args[2], args[3], args[4]
@@ -239,13 +258,12 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 				out[i] = T(float64((float64(x[i])-m)*f) + o)
 			}
 		})
-	case bnGradOffset:
-		for c, sum := range bnSums(l, args[0], func(g T, _ int) float64 { return float64(g) }) {
+	case bnGradStats:
+		x, mean, variance, g := args[0], args[1], args[2], args[3]
+		for c, sum := range bnSums(l, g, func(g T, _ int) float64 { return float64(g) }) {
 			out[c] = T(sum)
 		}
-	case bnGradScale:
-		x, mean, variance, g := args[0], args[1], args[2], args[3]
-		sums := make([]float64, l.features)
+		sums := make([]float64, features)
 		l.forEachRow(func(c, offset int) {
 			m, sum := float64(mean[c]), 0.0
 			for i := offset; i < offset+l.inner; i++ {
@@ -254,7 +272,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 			sums[c] += sum
 		})
 		for c, sum := range sums {
-			out[c] = T(sum / math.Sqrt(float64(variance[c])+epsilon))
+			out[features+c] = T(sum / math.Sqrt(float64(variance[c])+epsilon))
 		}
 	case bnGradOperand:
 		x, scale, mean, variance, g, gradScale, gradOffset := args[0], args[1], args[2], args[3], args[4], args[5], args[6]
@@ -314,21 +332,17 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 	}
 	sums := make([]float64, features)
 	switch part {
-	case bnMean, bnGradOffset:
+	case bnStats:
 		rows(args[0], func(row []T, _ int) {
 			for c, v := range row {
 				sums[c] += float64(v)
 			}
 		})
 		for c, sum := range sums {
-			if part == bnMean {
-				out[c] = T(sum / n)
-			} else {
-				out[c] = T(sum)
-			}
+			out[c] = T(sum / n)
 		}
-	case bnVariance:
-		mean := perFeature(args[1])
+		mean := perFeature(out[:features])
+		clear(sums)
 		rows(args[0], func(row []T, _ int) {
 			for c, v := range row {
 				d := float64(v) - mean[c]
@@ -336,7 +350,7 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 			}
 		})
 		for c, sum := range sums {
-			out[c] = T(sum / n)
+			out[features+c] = T(sum / n)
 		}
 	case bnNormalized:
 		x, scale, offset, mean, variance := args[0], args[1], args[2], perFeature(args[3]), args[4]
@@ -350,16 +364,19 @@ func runBatchNormChannelsLast[T float32 | float64](part bnPart, l bnLayout, epsi
 				dst[c] = T(float64((float64(v)-mean[c])*factor[c]) + shift[c])
 			}
 		})
-	case bnGradScale:
+	case bnGradStats:
 		x, mean, variance, g := args[0], perFeature(args[1]), args[2], args[3]
+		products := make([]float64, features)
 		rows(x, func(row []T, o int) {
 			grad := g[o*features : (o+1)*features]
 			for c, v := range row {
-				sums[c] += float64(float64(grad[c]) * (float64(v) - mean[c]))
+				sums[c] += float64(grad[c])
+				products[c] += float64(float64(grad[c]) * (float64(v) - mean[c]))
 			}
 		})
-		for c, sum := range sums {
-			out[c] = T(sum / math.Sqrt(float64(variance[c])+epsilon))
+		for c := range features {
+			out[c] = T(sums[c])
+			out[features+c] = T(products[c] / math.Sqrt(float64(variance[c])+epsilon))
 		}
 	case bnGradOperand:
 		x, scale, mean, variance, g, gradScale, gradOffset := args[0], args[1], perFeature(args[2]), args[3], args[4], args[5], args[6]

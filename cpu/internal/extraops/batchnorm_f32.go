@@ -9,8 +9,8 @@ import (
 )
 
 // Channels-last batch normalization in float32 (a convolution's [batch, h, w, c] activations, the case a
-// ResNet spends its batch-norm time in): each part is one vec32 pass (a sum, or one of the deviation
-// kernels such as AddSquaredDeviations) over chunks of whole rows of features, against the per-feature
+// ResNet spends its batch-norm time in): each part is one vec32 pass (AddShiftedMoments for both forward
+// statistics, AddGradientMoments for both gradient sums, ScaleDeviations, CombineDeviations) over chunks of whole rows of features, against the per-feature
 // values tiled to a chunk's length, so that the AVX2 kernels do the arithmetic and the partial sums stay
 // in the first-level cache. The float64 loops of runBatchNormChannelsLast convert every element and are
 // not vectorised; these are several times faster (BenchmarkBatchNormChannelsLast) and split the rows over
@@ -94,27 +94,31 @@ func (c bnChunks) forChunks(first, end int, fn func(from, to int)) {
 	}
 }
 
-// featureSums returns, per feature, the sum over every row of the values accumulate adds for each chunk
-// [from, to) into acc (acc[:to−from], float32 partial sums kept per position of a chunk).
-func (c bnChunks) featureSums(accumulate func(from, to int, acc []float32)) []float64 {
-	segmentSums := make([]float64, c.segments()*c.features)
+// featureSums returns, per feature, the sums over every row of the two values accumulate adds for each
+// chunk [from, to) into first and second (each to−from long: float32 partial sums kept per position of a
+// chunk).
+func (c bnChunks) featureSums(accumulate func(from, to int, first, second []float32)) (firstSums, secondSums []float64) {
+	chunk := c.chunkRows * c.features
+	segmentSums := make([]float64, 2*c.segments()*c.features)
 	c.forSegments(func(segment, first, end int) {
-		acc := make([]float32, c.chunkRows*c.features)
-		c.forChunks(first, end, func(from, to int) { accumulate(from, to, acc[:to-from]) })
-		sums := segmentSums[segment*c.features : (segment+1)*c.features]
-		for r := range c.chunkRows {
+		acc := make([]float32, 2*chunk)
+		c.forChunks(first, end, func(from, to int) { accumulate(from, to, acc[:to-from], acc[chunk:chunk+to-from]) })
+		sums := segmentSums[2*segment*c.features : 2*(segment+1)*c.features]
+		for r := range 2 * c.chunkRows { // the first accumulator's rows, then the second's
+			into := sums[(r/c.chunkRows)*c.features:]
 			for f, v := range acc[r*c.features : (r+1)*c.features] {
-				sums[f] += float64(v)
+				into[f] += float64(v)
 			}
 		}
 	})
-	sums := make([]float64, c.features)
+	firstSums, secondSums = make([]float64, c.features), make([]float64, c.features)
 	for s := range c.segments() {
-		for f := range sums {
-			sums[f] += segmentSums[s*c.features+f]
+		for f := range c.features {
+			firstSums[f] += segmentSums[(2*s)*c.features+f]
+			secondSums[f] += segmentSums[(2*s+1)*c.features+f]
 		}
 	}
-	return sums
+	return firstSums, secondSums
 }
 
 // forEachChunk calls fn for every chunk of the tensor, the rows split over the compute threads.
@@ -126,20 +130,18 @@ func (c bnChunks) forEachChunk(fn func(from, to int)) {
 func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out []float32, args [][]float32) error {
 	c := newBNChunks(l)
 	switch part {
-	case bnMean, bnGradOffset:
+	case bnStats:
+		// One pass: the sums of d = x − shift and of d², shift being the first row (near the mean, so that
+		// the variance E[d²] − E[d]² does not cancel away float32's digits).
 		x := args[0]
-		sums := c.featureSums(func(from, to int, acc []float32) { vec32.Binary(vec32.Add, acc, acc, x[from:to]) })
-		for f, sum := range sums {
-			if part == bnMean {
-				sum /= n
-			}
-			out[f] = float32(sum)
-		}
-	case bnVariance:
-		x, mean := args[0], c.tile(args[1])
-		sums := c.featureSums(func(from, to int, acc []float32) { vec32.AddSquaredDeviations(acc, x[from:to], mean) })
-		for f, sum := range sums {
-			out[f] = float32(sum / n)
+		shift := c.tile(x[:c.features])
+		sums, squares := c.featureSums(func(from, to int, sum, square []float32) {
+			vec32.AddShiftedMoments(sum, square, x[from:to], shift)
+		})
+		for f := range c.features {
+			mean := sums[f] / n
+			out[f] = float32(float64(x[f]) + mean)
+			out[c.features+f] = float32(max(0, squares[f]/n-mean*mean))
 		}
 	case bnNormalized:
 		x, scale, offset, variance := args[0], args[1], args[2], args[4]
@@ -149,13 +151,14 @@ func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out
 		}
 		mean, factorT, offsetT := c.tile(args[3]), c.tile(factor), c.tile(offset)
 		c.forEachChunk(func(from, to int) { vec32.ScaleDeviations(out[from:to], x[from:to], mean, factorT, offsetT) })
-	case bnGradScale:
+	case bnGradStats:
 		x, mean, variance, g := args[0], c.tile(args[1]), args[2], args[3]
-		sums := c.featureSums(func(from, to int, acc []float32) {
-			vec32.AddDeviationProducts(acc, x[from:to], mean, g[from:to])
+		sums, products := c.featureSums(func(from, to int, sum, product []float32) {
+			vec32.AddGradientMoments(sum, product, g[from:to], x[from:to], mean)
 		})
-		for f, sum := range sums {
-			out[f] = float32(sum / math.Sqrt(float64(variance[f])+epsilon))
+		for f := range c.features {
+			out[f] = float32(sums[f])
+			out[c.features+f] = float32(products[f] / math.Sqrt(float64(variance[f])+epsilon))
 		}
 	case bnGradOperand:
 		// ∂x = k·(N·g − ∂offset − (x − m)·s·∂scale) with k = scale·s/N, as a·g + b·(x − m) + d per feature.

@@ -849,32 +849,37 @@ func (g *gen) sumSquares() {
 	g.p("\tRET")
 }
 
-// deviations writes the kernels of batch normalization's passes over x − m (m a per-feature value tiled to
-// x's length), each one pass instead of three to five separate element-wise ones, with Go's operation order
-// (deviationsGo):
+// deviations writes the kernels of batch normalization's passes over x (m and shift per-feature values
+// tiled to x's length), each one pass instead of two to five separate element-wise ones, with the operation
+// order of their Go loops (generic.go):
 //
-//	sqDevAccV:   acc += (x − m)·(x − m)
-//	mulDevAccV:  acc += (x − m)·g
-//	scaleDevV:   dst = (x − m)·f + o
-//	combineDevV: dst = (g·a + (x − m)·b) + d
+//	shiftedMomentsV:  sum += x − shift; squares += (x − shift)·(x − shift)
+//	gradientMomentsV: sum += g; products += (x − m)·g
+//	scaleDevV:        dst = (x − m)·f + o
+//	combineDevV:      dst = (g·a + (x − m)·b) + d
 func (g *gen) deviations() {
-	acc := args{pointers: []string{"acc", "x", "m"}, regs: []string{"DX", "SI", "DI"}}
-	g.kernel("sqDevAccV", acc, 4, nil, func(k, off int) {
-		d := y(2 * k)
+	moments := args{pointers: []string{"sum", "squares", "x", "shift"}, regs: []string{"DX", "R8", "SI", "DI"}}
+	g.kernel("shiftedMomentsV", moments, 4, nil, func(k, off int) {
+		d, t := y(2*k), y(2*k+1)
 		g.p("\tVMOVUPS %s, %s", mem("SI", off), d)
 		g.p("\tVSUBPS %s, %s, %s", mem("DI", off), d, d)
-		g.p("\tVMULPS %s, %s, %s", d, d, d)
+		g.p("\tVMULPS %s, %s, %s", d, d, t)
+		g.p("\tVADDPS %s, %s, %s", mem("R8", off), t, t)
+		g.p("\tVMOVUPS %s, %s", t, mem("R8", off))
 		g.p("\tVADDPS %s, %s, %s", mem("DX", off), d, d)
 		g.p("\tVMOVUPS %s, %s", d, mem("DX", off))
 	}, nil)
-	mulAcc := args{pointers: []string{"acc", "x", "m", "grad"}, regs: []string{"DX", "SI", "DI", "R8"}}
-	g.kernel("mulDevAccV", mulAcc, 4, nil, func(k, off int) {
-		d := y(2 * k)
-		g.p("\tVMOVUPS %s, %s", mem("SI", off), d)
-		g.p("\tVSUBPS %s, %s, %s", mem("DI", off), d, d)
-		g.p("\tVMULPS %s, %s, %s", mem("R8", off), d, d)
-		g.p("\tVADDPS %s, %s, %s", mem("DX", off), d, d)
-		g.p("\tVMOVUPS %s, %s", d, mem("DX", off))
+	gradMoments := args{pointers: []string{"sum", "products", "grad", "x", "m"}, regs: []string{"DX", "R8", "SI", "DI", "R9"}}
+	g.kernel("gradientMomentsV", gradMoments, 4, nil, func(k, off int) {
+		gr, d := y(2*k), y(2*k+1)
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), gr)
+		g.p("\tVMOVUPS %s, %s", mem("DI", off), d)
+		g.p("\tVSUBPS %s, %s, %s", mem("R9", off), d, d)
+		g.p("\tVMULPS %s, %s, %s", gr, d, d)
+		g.p("\tVADDPS %s, %s, %s", mem("R8", off), d, d)
+		g.p("\tVMOVUPS %s, %s", d, mem("R8", off))
+		g.p("\tVADDPS %s, %s, %s", mem("DX", off), gr, gr)
+		g.p("\tVMOVUPS %s, %s", gr, mem("DX", off))
 	}, nil)
 	scale := args{pointers: []string{"dst", "x", "m", "f", "o"}, regs: []string{"DX", "SI", "DI", "R8", "R9"}}
 	g.kernel("scaleDevV", scale, 4, nil, func(k, off int) {
