@@ -64,6 +64,9 @@ type driver struct {
 	transformer         transformerSetup
 	resNet              resNetSetup
 	dir                 string // scratch files of this run
+	// numCPU is the machine's core count, which PyTorch's candidate thread counts come from (0:
+	// runtime.NumCPU).
+	numCPU int
 	// hosts are the -hosts the MPI jobs and section 6 run across; nil: this machine (and section 6 on
 	// emulated clusters).
 	hosts *hostSet

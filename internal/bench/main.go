@@ -17,7 +17,9 @@
 // With -hosts (and -launch-agent, -net) the mpirun jobs run across those hosts, their mpirun lines built by
 // package launch as `accel launch --hosts` builds them.
 //
-// Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike.
+// Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike. Every
+// end-to-end PyTorch row runs in PyTorch's fastest configuration on the machine (threads per process, and
+// OPENBLAS_CORETYPE as set or unset), chosen by a short calibration before the section's rounds.
 // Results are benchstat lines on standard output, a JSON file on request, and the Markdown report.
 package bench
 

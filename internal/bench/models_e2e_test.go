@@ -127,7 +127,8 @@ func TestTransformerPlumbing(t *testing.T) {
 	}
 	p := quickPlan()
 	p.Transformer.Procs = []int{1}
-	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &bytes.Buffer{},
+	unsetCoreType(t)
+	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &bytes.Buffer{}, numCPU: 2,
 		endToEnd:    endToEndSetup{python: fakeProgram(t, dir, "python", log, summary("2000", "3.0"))},
 		transformer: transformerSetup{charlm: fakeProgram(t, dir, "charlm", log, summary("1000", "3.03")), corpus: dir}}
 	require.NoError(t, d.transformer.check(dir))
@@ -145,8 +146,13 @@ func TestTransformerPlumbing(t *testing.T) {
 	job := "context 16 -dmodel 16 -heads 2 -blocks 1 -batch 4 -k 2 -steps 3 -warmup 1 -lr 0.002 -wd 0.01 -clip 1 -seed 42 " +
 		"-limit 64 -eval-windows 8 -data " + dir
 	assert.Contains(t, string(calls), " -"+job+" -quiet\n")
-	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads ")
-	assert.Contains(t, string(calls), " --"+strings.ReplaceAll(job, " -", " --")+"\n")
+	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads 2 --"+strings.ReplaceAll(job, " -", " --")+"\n",
+		"PyTorch, equally fast on 1 and 2 threads, keeps matched threads")
+	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads 1 --"+strings.ReplaceAll(job, " -", " --")+"\n",
+		"its calibration: the plan's 3 steps are fewer than the calibration's")
+	assert.Equal(t, 3, strings.Count(string(calls), "charlm_ddp.py"), "2 calibration runs, 1 round")
+	require.NotNil(t, pairs[0][1].PyTorch)
+	assert.Equal(t, torchConfig{Threads: 2}, pairs[0][1].PyTorch.Chosen)
 
 	for name, bad := range map[string]string{
 		"diverged":    summary("1000", "null"),
@@ -177,8 +183,14 @@ func TestResNetPlumbing(t *testing.T) {
 	require.NoError(t, p.only("resnet"))
 	p.ResNet.Procs, p.ResNet.Rounds = []int{1}, 2
 	var benchstat bytes.Buffer
-	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &benchstat,
-		endToEnd: endToEndSetup{python: fakeProgram(t, dir, "python", log, summary("1000", "0.80", "1")), dataDir: "/data/fashion"},
+	unsetCoreType(t)
+	// PyTorch is faster on one thread of the two cores: its calibration chooses one.
+	python := fakeProgram(t, dir, "python", log, `case "$*" in
+*"--threads 1 "*) `+summary("1000", "0.80", "1")+` ;;
+*) `+summary("800", "0.80", "1")+` ;;
+esac`)
+	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &benchstat, numCPU: 2,
+		endToEnd: endToEndSetup{python: python, dataDir: "/data/fashion"},
 		resNet: resNetSetup{resnet: fakeProgram(t, dir, "resnet", log, summary("1200", "0.805", "1")),
 			resnetPureGo: fakeProgram(t, dir, "resnet_purego", log, summary("600", "0.79", "1"))}}
 	res := &results{Plan: p}
@@ -203,15 +215,23 @@ func TestResNetPlumbing(t *testing.T) {
 	calls, err := os.ReadFile(log)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(string(calls)), "\n")
-	require.Len(t, lines, 7, "PyTorch's version, then 2 rounds × 3 programs")
+	require.Len(t, lines, 9, "PyTorch's version, its calibration on 2 and 1 threads, then 2 rounds × 3 programs")
 	job := func(dash string, seed int) string {
 		return strings.ReplaceAll(fmt.Sprintf("-width 4 -blocks 1 -dropout 0.2 -epochs 1 -batch 32 -k 2 -lr 0.002 -seed %d "+
 			"-limit 256 -data /data/fashion", seed), "-", dash)
 	}
+	for i, threads := range []string{"1", "2"} {
+		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads `+threads+` `+regexp.QuoteMeta(job("--", 42))+"$", lines[1+i],
+			"the calibration runs first")
+	}
 	for _, seed := range []int{42, 43} {
 		assert.Contains(t, lines, " "+job("-", seed)+" -quiet", "both builds, seed %d", seed)
-		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads \d+ `+regexp.QuoteMeta(job("--", seed))+"\n", string(calls))
+		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads 1 `+regexp.QuoteMeta(job("--", seed))+"\n", string(calls))
 	}
+	require.NotNil(t, torch.PyTorch)
+	assert.Equal(t, torchConfig{Threads: 1}, torch.PyTorch.Chosen)
+	assert.Contains(t, md, "| 1 process | 2 threads | 800 ±0% | 0.8000 |  |")
+	assert.Contains(t, md, "| 1 process | 1 thread | 1000 ±0% | 0.8000 | **chosen** |")
 
 	for name, bad := range map[string]string{
 		"no examples/s": summary("0", "0.8", "1"),

@@ -39,6 +39,8 @@ type plan struct {
 	Demo        demoPlan
 	Network     networkPlan
 	Sharding    shardingPlan
+	// Calibration sizes the short runs that choose each end-to-end PyTorch row's configuration.
+	Calibration calibrationPlan
 
 	// JobTimeout bounds each mpirun job and each child process.
 	JobTimeout time.Duration
@@ -120,10 +122,13 @@ func fullPlan() plan {
 		// One short epoch per variant: up to half a minute each without BLAS.
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 8192,
 			Seed: 42, LR: 0.002},
-		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
-		Network:    networkJob(),
-		Sharding:   shardingJob53M(),
-		JobTimeout: 10 * time.Minute,
+		Demo:     demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
+		Network:  networkJob(),
+		Sharding: shardingJob53M(),
+		// Three interleaved runs of each candidate, each about a seventh of an epoch (a third of the
+		// transformer's steps): a few seconds of training apiece.
+		Calibration: calibrationPlan{Rounds: 3, Examples: 8192, Steps: 30},
+		JobTimeout:  10 * time.Minute,
 	}
 }
 
@@ -199,7 +204,8 @@ func quickPlan() plan {
 		Network: quickNetwork(),
 		Sharding: shardingPlan{Config: trainConfig{Name: "mlp", Model: small, Batch: 4, K: 1}, Procs: []int{1, 2},
 			Strategies: shardingStrategies(), Rounds: 1, Warmup: 1, Steps: 2},
-		JobTimeout: 3 * time.Minute,
+		Calibration: calibrationPlan{Rounds: 1, Examples: 256},
+		JobTimeout:  3 * time.Minute,
 	}
 }
 

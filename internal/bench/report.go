@@ -105,9 +105,10 @@ func (r *reporter) header() {
 	if m.PyTorch != "" {
 		rows = append(rows, []string{"PyTorch", m.PyTorch + ", CPU"})
 	}
-	openblas := "unset: OpenBLAS runs the processor's own core"
+	openblas := "unset: OpenBLAS runs the processor's own core, in goaccel and PyTorch alike"
 	if m.OpenBLASCore != "" {
-		openblas = m.OpenBLASCore + ": OpenBLAS runs that core's kernels, in goaccel and PyTorch alike"
+		openblas = m.OpenBLASCore + ": OpenBLAS runs that core's kernels in goaccel; PyTorch runs with it or " +
+			"without it, as its calibration chose (each section)"
 	}
 	rows = append(rows, []string{"`OPENBLAS_CORETYPE`", openblas})
 	r.table([]string{"Machine", ""}, append(rows, []string{"goaccel", orDash(m.Goaccel)},
@@ -286,8 +287,9 @@ func (r *reporter) endToEnd() {
 		"examples per micro-batch per process, K = %d, epochs: %d, seed %d + round (each round trains every variant "+
 		"from its own seed, so accuracies are medians over seeds): `bin/grad_accum` (goaccel) against "+
 		"`internal/bench/pytorch/fashion_ddp.py` (PyTorch DDP over gloo; one process trains without DDP). *Examples/s* is "+
-		"training examples × epochs / training time, without data loading and evaluation; each process computes "+
-		"with cores / processes threads on both sides. Medians over the runs.", p.LR, p.Batch, p.K, p.Epochs, p.Seed)
+		"training examples × epochs / training time, without data loading and evaluation; each of goaccel's "+
+		"processes computes with cores / processes threads, PyTorch in its fastest configuration (below). Medians "+
+		"over the runs.", p.LR, p.Batch, p.K, p.Epochs, p.Seed)
 	if p.Limit > 0 {
 		r.p("> Trained on the first %d training examples only (-limit): accuracies are far from a full epoch's.\n\n", p.Limit)
 	}
@@ -324,6 +326,15 @@ func (r *reporter) endToEnd() {
 			r.p("%s\n\n", strings.Join(notes, " "))
 		}
 	}
+	var choices []labelledChoice
+	for _, m := range p.Models {
+		for _, pair := range endToEndPairs(r.res, m.Name) {
+			choices = append(choices, labelledChoice{fmt.Sprintf("%s, %s", strings.ToUpper(m.Name), processes(pair[1].Procs)),
+				pair[1].PyTorch})
+		}
+	}
+	r.torchChoices("examples/s", fmt.Sprintf("%d training examples", examplesOf(p.calibrationJob(r.res.Plan.Calibration).Limit)),
+		choices)
 }
 
 // rateCell is a per-example series as examples per second: "12345 ±3%".

@@ -68,6 +68,17 @@ func syntheticResults() *results {
 		{Impl: "pytorch", Procs: 1, PerToken: perToken(10000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
 		{Impl: "pytorch", Procs: 2, PerToken: perToken(20000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
 	}
+	// PyTorch's 1-process row chose 1 thread without OPENBLAS_CORETYPE; on 2 threads, without it the loss was wrong.
+	calibrated := func(threads int, unset bool, tokensPerSecond, loss float64) torchCandidate {
+		return torchCandidate{Config: torchConfig{Threads: threads, UnsetCoreType: unset}, PerUnit: perToken(tokensPerSecond),
+			Quality: []float64{loss}}
+	}
+	cands := []torchCandidate{calibrated(2, false, 8000, 2.1), calibrated(2, true, 9000, 2.5), calibrated(1, false, 9500, 2.1),
+		calibrated(1, true, 10500, 2.11)}
+	chooseTorch(cands, transformerCheck)
+	res.Transformer[2].PyTorch = &torchChoice{CoreType: "Haswell", Check: transformerCheck, Rounds: 3, Cands: cands,
+		Chosen: torchConfig{Threads: 1, UnsetCoreType: true}}
+	res.Transformer[3].PyTorch = &torchChoice{CoreType: "Haswell", Check: transformerCheck, Only: true, Chosen: torchConfig{Threads: 1}}
 	// 1 process: 1.05× and 0.8810 vs 0.8900 (both met); 2 processes: 0.80× and 0.8600 vs 0.8750 (both missed).
 	res.ResNet = []endToEndResult{
 		{Impl: "goaccel", Model: "resnet", Procs: 1, PerExample: perExample(2100), TestAccuracy: []float64{0.8810, 0.88, 0.89}, Parameters: 19706},
@@ -175,6 +186,15 @@ func TestReportJudgesGoals(t *testing.T) {
 		"| 1 | 11000 ±0% | 10000 ±0% | 1.10× | 2.0200 | 2.0000 | +1.0% | 3 |",
 		"| 2 | 10000 ±0% | 20000 ±0% | 0.50× | 1.9400 | 2.0000 | −3.0% | 3 |",
 		"Both models have 471296 parameters.",
+		"each with `OPENBLAS_CORETYPE=Haswell` as the environment sets it (goaccel runs with it) and without it. A " +
+			"candidate without it is eligible only when its validation loss is within 2% of that of the run with it on " +
+			"the same threads. Before the rounds above, each candidate trained 3 time(s) on a shorter job (30 optimizer " +
+			"steps), interleaved",
+		"| 1 process | 2 threads | 8000 ±0% | 2.1000 |  |",
+		"| 1 process | 2 threads, OPENBLAS_CORETYPE unset | 9000 ±0% | 2.5000 | not eligible: validation loss 2.5000 " +
+			"against 2.1000 with OPENBLAS_CORETYPE |",
+		"| 1 process | 1 thread, OPENBLAS_CORETYPE unset | 10500 ±0% | 2.1100 | **chosen** |",
+		"| 2 processes | 1 thread | — | — | **chosen** (the only candidate) |",
 		"(2 blocks, d_model 128, 4 heads, context 64)",
 		"### The ResNet",
 		"[benchmarks-method.md](benchmarks-method.md#the-resnet)",
