@@ -282,7 +282,7 @@ func (r *reporter) resNet() {
 		choices = append(choices, labelledChoice{processes(n), resNetRun(r.res, implPyTorch, n).PyTorch})
 	}
 	r.torchChoices("examples/s", fmt.Sprintf("%d training examples", examplesOf(p.calibrationJob(r.res.Plan.Calibration).Limit)),
-		choices)
+		true, choices)
 }
 
 // accuracyList is "0.8812, 0.8790, 0.8845".

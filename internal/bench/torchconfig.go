@@ -87,6 +87,15 @@ type qualityCheck struct {
 	Name      string  // "test accuracy", "validation loss", ...
 	Tolerance float64 // absolute, or with Relative a fraction of the reference
 	Relative  bool
+	Format    string `json:",omitempty"` // how the page prints the figure ("": "%.4f")
+}
+
+// show prints a quality figure as the page does.
+func (q qualityCheck) show(x float64) string {
+	if q.Format == "" {
+		return fmt.Sprintf("%.4f", x)
+	}
+	return fmt.Sprintf(q.Format, x)
 }
 
 // agrees says whether got is within the tolerance of ref; non-finite figures never agree.
@@ -164,7 +173,7 @@ func chooseTorch(cands []torchCandidate, check qualityCheck) int {
 			}
 			got, want := quantile(c.Quality, 0.5), quantile(ref.Quality, 0.5)
 			if c.Eligible = check.agrees(got, want); !c.Eligible {
-				c.Why = fmt.Sprintf("%s %.4f against %.4f with %s", check.Name, got, want, openBLASCoreType)
+				c.Why = fmt.Sprintf("%s %s against %s with %s", check.Name, check.show(got), check.show(want), openBLASCoreType)
 			}
 		}
 		if c.Eligible && (best < 0 || c.PerUnit.median() < cands[best].PerUnit.median()) {
@@ -275,8 +284,8 @@ type labelledChoice struct {
 
 // torchChoices writes, under a section's table, how each PyTorch row's configuration was chosen: every
 // candidate with its calibration figures (unit: "examples/s", "tokens/s"), and which won; job says what a
-// calibration run trains ("8192 training examples").
-func (r *reporter) torchChoices(unit, job string, rows []labelledChoice) {
+// calibration run trains ("8192 training examples"), and judged whether the section has goals.
+func (r *reporter) torchChoices(unit, job string, judged bool, rows []labelledChoice) {
 	rows = slices.DeleteFunc(slices.Clone(rows), func(l labelledChoice) bool { return l.choice == nil })
 	if len(rows) == 0 {
 		return
@@ -297,7 +306,11 @@ func (r *reporter) torchChoices(unit, job string, rows []labelledChoice) {
 	}
 	if rounds > 0 {
 		r.p(" Before the rounds above, each candidate trained %d time(s) on a shorter job (%s), interleaved, and "+
-			"the fastest eligible one (median) ran the row: goals are judged against it.\n\n", rounds, job)
+			"the fastest eligible one (median) ran the row", rounds, job)
+		if judged {
+			r.p(": goals are judged against it")
+		}
+		r.p(".\n\n")
 	} else {
 		r.p(" Without calibration rounds the rows ran with cores / processes threads.\n\n")
 	}
@@ -316,7 +329,7 @@ func (r *reporter) torchChoices(unit, job string, rows []labelledChoice) {
 			rate, quality := "—", "—"
 			if len(cand.PerUnit.Seconds) > 0 {
 				rate = rateCell(cand.PerUnit)
-				quality = fmt.Sprintf("%.4f", quantile(cand.Quality, 0.5))
+				quality = c.Check.show(quantile(cand.Quality, 0.5))
 			}
 			verdict := ""
 			switch {

@@ -289,7 +289,7 @@ func (r *reporter) transformer() {
 	for _, pair := range pairs {
 		choices = append(choices, labelledChoice{processes(pair[1].Procs), pair[1].PyTorch})
 	}
-	r.torchChoices("tokens/s", calibrationSteps(r.res.Plan), choices)
+	r.torchChoices("tokens/s", calibrationSteps(r.res.Plan), true, choices)
 }
 
 // signedPercent is "+1.2%" or "−0.4%".
