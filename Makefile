@@ -68,7 +68,7 @@ test-race: deps-openmpi deps-openblas
 test-portability:
 	bash scripts/check-portability.sh
 
-# Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch DDP, side by side, and writes
+# Measures goaccel against plain MPI_Allreduce, GoMLX's trainer and PyTorch (DDP), side by side, and writes
 # docs/benchmarks.md: about twenty minutes on 2 cores once the demo's CNN meets its goals (its five-epoch
 # wall time is one of the measurements: every minute it takes over 90 s adds to the run). Section 6 builds
 # emulated clusters of hosts (network namespaces): run as root, or the page says it was not measured. Raw samples in
@@ -82,6 +82,7 @@ bench: build deps-dataset deps-torch bin/grad_accum_purego_0.2.0
 	$(GO) build -tags mpi -o bin/grad_accum_purego ./examples/grad_accum
 	$(GO) build -tags $(MPI_TAGS) -o bin/resnet ./examples/resnet
 	$(GO) build -tags mpi -o bin/resnet_purego ./examples/resnet
+	$(GO) build -tags $(MPI_TAGS) -o bin/lstm ./examples/lstm
 	bin/accelbench -out docs/benchmarks.md -json bin/bench.json > bin/bench.txt
 
 # Release 0.2.0 is this commit (the release before the convolution and element-wise kernels).

@@ -30,6 +30,7 @@ type results struct {
 	EndToEnd     []endToEndResult
 	Transformer  []transformerResult
 	ResNet       []endToEndResult `json:",omitempty"`
+	LSTM         []lstmResult     `json:",omitempty"`
 	PureGoCNN    []pureGoResult
 	Demo         *demoResult `json:",omitempty"`
 	Network      []networkResult
@@ -63,7 +64,11 @@ type driver struct {
 	endToEnd            endToEndSetup
 	transformer         transformerSetup
 	resNet              resNetSetup
+	lstm                lstmSetup
 	dir                 string // scratch files of this run
+	// numCPU is the machine's core count, which PyTorch's candidate thread counts come from (0:
+	// runtime.NumCPU).
+	numCPU int
 	// hosts are the -hosts the MPI jobs and section 6 run across; nil: this machine (and section 6 on
 	// emulated clusters).
 	hosts *hostSet
@@ -112,6 +117,9 @@ func (d *driver) run(ctx context.Context) (*results, error) {
 	if res.ResNet, err = d.measureResNet(ctx); err != nil {
 		return nil, err
 	}
+	if res.LSTM, err = d.measureLSTM(ctx); err != nil {
+		return nil, err
+	}
 	if res.PureGoCNN, err = d.measurePureGo(ctx); err != nil {
 		return nil, err
 	}
@@ -139,7 +147,8 @@ func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) er
 				"./examples/grad_accum`, or leave them out of -only)", err, d.endToEnd.demo)
 		}
 	}
-	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 || p.ResNet.Rounds > 0 || len(p.Network.Rates) > 0 {
+	if len(p.EndToEnd.Models) > 0 || p.Transformer.Rounds > 0 || p.ResNet.Rounds > 0 || p.LSTM.Rounds > 0 ||
+		len(p.Network.Rates) > 0 {
 		if res.Machine.PyTorch, err = d.endToEnd.checkPyTorch(ctx); err != nil {
 			return err
 		}
@@ -156,6 +165,11 @@ func (d *driver) checkPrograms(ctx context.Context, res *results, dir string) er
 	}
 	if p.ResNet.Rounds > 0 {
 		if err := d.resNet.check(dir); err != nil {
+			return err
+		}
+	}
+	if p.LSTM.Rounds > 0 {
+		if err := d.lstm.check(dir); err != nil {
 			return err
 		}
 	}

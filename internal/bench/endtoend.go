@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -76,6 +75,9 @@ type endToEndResult struct {
 	PerExample   series
 	TestAccuracy []float64
 	Parameters   int // as the program reports them (0: not reported)
+	// PyTorch is how a PyTorch row's configuration was chosen (nil: goaccel's rows, and results saved
+	// before calibration, whose PyTorch ran cores / processes threads).
+	PyTorch *torchChoice `json:",omitempty"`
 }
 
 func (r endToEndResult) examplesPerSecond() float64 { return 1 / r.PerExample.median() }
@@ -92,10 +94,11 @@ type runSummary struct {
 var endToEndImpls = []string{"goaccel", "pytorch"}
 
 // measureEndToEnd runs, for each model, every implementation and process count once per round, in an
-// order that changes from round to round. Round r trains every variant from seed Seed + r: one epoch's test
-// accuracy moves by a few hundredths from seed to seed (measured for the CNN on 2 processes, seeds 1–5:
-// 0.842–0.864 with goaccel, 0.806–0.854 with PyTorch), so a single seed cannot compare the frameworks'
-// accuracy to 0.01, and the median over seeds can. The throughput does not depend on the seed.
+// order that changes from round to round, PyTorch in the configuration its calibration chose. Round r
+// trains every variant from seed Seed + r: one epoch's test accuracy moves by a few hundredths from seed to
+// seed (measured for the CNN on 2 processes, seeds 1–5: 0.842–0.864 with goaccel, 0.806–0.854 with
+// PyTorch), so a single seed cannot compare the frameworks' accuracy to 0.01, and the median over seeds
+// can. The throughput does not depend on the seed.
 func (d *driver) measureEndToEnd(ctx context.Context) ([]endToEndResult, error) {
 	p := d.plan.EndToEnd
 	var out []endToEndResult
@@ -107,14 +110,19 @@ func (d *driver) measureEndToEnd(ctx context.Context) ([]endToEndResult, error) 
 					Name: fmt.Sprintf("EndToEnd/model=%s/impl=%s/procs=%d", m.Name, impl, n)}})
 			}
 		}
+		for i := range runs {
+			if r := &runs[i]; r.Impl == implPyTorch {
+				var err error
+				if r.PyTorch, err = d.calibrateEndToEnd(ctx, m.Name, r.Procs); err != nil {
+					return nil, fmt.Errorf("%s with pytorch on %s: %w", m.Name, processes(r.Procs), err)
+				}
+			}
+		}
 		for round := range m.Rounds {
 			for _, i := range rand.New(rand.NewPCG(uint64(round), 0xe2e)).Perm(len(runs)) {
 				r := &runs[i]
 				d.progressf("end to end: %s, %s, %s (round %d of %d)\n", r.Model, r.Impl, processes(r.Procs), round+1, m.Rounds)
-				s, err := d.runEndToEnd(ctx, r.Impl, r.Model, r.Procs, p.Seed+round)
-				if err == nil && !(s.ExamplesPerSecond > 0) {
-					err = errors.New("its summary line reports no examples_per_second")
-				}
+				s, err := d.runEndToEnd(ctx, p, r.Impl, r.Model, r.Procs, p.Seed+round, d.torchConfigOf(r.PyTorch, r.Procs))
 				if err != nil {
 					return nil, fmt.Errorf("%s with %s on %s: %w", r.Model, r.Impl, processes(r.Procs), err)
 				}
@@ -132,9 +140,40 @@ func (d *driver) measureEndToEnd(ctx context.Context) ([]endToEndResult, error) 
 	return out, nil
 }
 
-// runEndToEnd trains once from seed and returns the summary line the program ends its output with.
-func (d *driver) runEndToEnd(ctx context.Context, impl, model string, procs, seed int) (runSummary, error) {
-	p, s := d.plan.EndToEnd, d.endToEnd
+// endToEndCheck is when PyTorch computes the demo's job correctly without OPENBLAS_CORETYPE: the CNN's
+// accuracy goal's tolerance, for both models.
+var endToEndCheck = qualityCheck{Name: "test accuracy", Tolerance: goalCNNAccuracyGap}
+
+// calibrationJob is the demo's job of a calibration run: at most the calibration's examples.
+func (p endToEndPlan) calibrationJob(c calibrationPlan) endToEndPlan {
+	p.Limit = shorter(p.Limit, c.Examples)
+	return p
+}
+
+// calibrateEndToEnd chooses PyTorch's configuration for the model on procs processes.
+func (d *driver) calibrateEndToEnd(ctx context.Context, model string, procs int) (*torchChoice, error) {
+	p := d.plan.EndToEnd
+	job := p.calibrationJob(d.plan.Calibration)
+	return d.choosePyTorch(ctx, fmt.Sprintf("end to end: %s, %s", model, processes(procs)), procs,
+		examplesOf(job.Limit)*job.Epochs, endToEndCheck, func(ctx context.Context, cfg torchConfig) (float64, float64, error) {
+			s, err := d.runEndToEnd(ctx, job, implPyTorch, model, procs, p.Seed, cfg)
+			return 1 / s.ExamplesPerSecond, s.TestAccuracy, err
+		})
+}
+
+// examplesOf is the training examples of a Fashion-MNIST job with -limit limit.
+func examplesOf(limit int) int {
+	if limit > 0 {
+		return min(limit, 60000)
+	}
+	return 60000
+}
+
+// runEndToEnd trains the job p once from seed, PyTorch in configuration torch, and returns the summary line
+// the program ends its output with.
+func (d *driver) runEndToEnd(ctx context.Context, p endToEndPlan, impl, model string, procs, seed int,
+	torch torchConfig) (runSummary, error) {
+	s := d.endToEnd
 	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
 	defer cancel()
 	// The same job on both sides, in each program's flag syntax.
@@ -146,12 +185,10 @@ func (d *driver) runEndToEnd(ctx context.Context, impl, model string, procs, see
 	var stdout bytes.Buffer
 	var cmd *exec.Cmd
 	switch {
-	case impl == "pytorch":
-		// Matched threads: each of P processes on C cores computes with C/P threads (goaccel sizes its
-		// own from the local rank count).
-		threads := strconv.Itoa(max(1, runtime.NumCPU()/procs))
-		cmd = exec.CommandContext(ctx, s.python, append([]string{s.script, "--procs", strconv.Itoa(procs),
-			"--threads", threads}, job("--")...)...)
+	case impl == implPyTorch:
+		// PyTorch in its chosen configuration; goaccel sizes its threads from the local rank count, with
+		// the environment as it is.
+		cmd = d.pytorchCommand(ctx, s.script, procs, torch, job("--"))
 	case procs == 1:
 		cmd = exec.CommandContext(ctx, s.demo, append(job("-"), "-quiet")...)
 	default:
@@ -168,6 +205,9 @@ func (d *driver) runEndToEnd(ctx context.Context, impl, model string, procs, see
 	var summary runSummary
 	if err := json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &summary); err != nil {
 		return summary, fmt.Errorf("%s: the last line of its output is no JSON summary: %w\n%s", launch.String(cmd.Args), err, out)
+	}
+	if !(summary.ExamplesPerSecond > 0) {
+		return summary, errors.New("its summary line reports no examples_per_second")
 	}
 	return summary, nil
 }

@@ -9,6 +9,7 @@
 //   - the grad_accum demo's job against PyTorch DDP, end to end;
 //   - examples/charlm's transformer against its PyTorch twin, end to end;
 //   - examples/resnet against its PyTorch twin, end to end, with and without BLAS;
+//   - examples/lstm against its PyTorch twin, on one process (reported, no goal);
 //   - the demo's CNN without BLAS under each convolution lowering, and the demo's five-epoch wall time;
 //   - the demo's job against PyTorch DDP and gradient syncs alone across hosts joined by a network, one
 //     process per host, at several link rates: on emulated clusters (network namespaces) it builds itself
@@ -17,7 +18,9 @@
 // With -hosts (and -launch-agent, -net) the mpirun jobs run across those hosts, their mpirun lines built by
 // package launch as `accel launch --hosts` builds them.
 //
-// Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike.
+// Every comparison interleaves its variants, so that a shared machine's slow phases hit them alike. Every
+// end-to-end PyTorch row runs in PyTorch's fastest configuration on the machine (threads per process, and
+// OPENBLAS_CORETYPE as set or unset), chosen by a short calibration before the section's rounds.
 // Results are benchstat lines on standard output, a JSON file on request, and the Markdown report.
 package bench
 
@@ -70,6 +73,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var rn resNetSetup
 	fs.StringVar(&rn.resnet, "resnet", "bin/resnet", "the resnet example, built with -tags mpi,blas")
 	fs.StringVar(&rn.resnetPureGo, "resnet-purego", "bin/resnet_purego", "the resnet example, built with -tags mpi (no BLAS)")
+	var lstm lstmSetup
+	fs.StringVar(&lstm.lstm, "lstm", "bin/lstm", "the lstm example, built with -tags mpi,blas")
 	overlap := fs.Bool("network-overlap", false, "the network section trains the 1024-wide MLP unthrottled and at "+
 		"1 Gbit/s, K=4 and K=1, with goaccel's sync after the step and overlapping the backward pass (accel."+
 		"WithOverlap), interleaved over 5 rounds, instead of against PyTorch; no sync-alone measurements")
@@ -172,7 +177,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		lm.corpus = defaultCorpus()
 	}
 	d := &driver{plan: p, exe: exe, progress: stderr, benchstat: stdout, endToEnd: setup, transformer: lm, resNet: rn,
-		hosts: hosts}
+		lstm: lstm, hosts: hosts}
 	res, err := d.run(ctx)
 	if err != nil {
 		return fail(err)

@@ -157,7 +157,7 @@ func TestBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"-ranks", "1"}, "world size of at least 2"},
-		{[]string{"-only", "mpi,gpu"}, `unknown section "gpu" (want some of compute,demo,e2e,mpi,network,overhead,purego,resnet,sharding,transformer)`},
+		{[]string{"-only", "mpi,gpu"}, `unknown section "gpu" (want some of compute,demo,e2e,lstm,mpi,network,overhead,purego,resnet,sharding,transformer)`},
 		{[]string{"-net", "eth0"}, "-launch-agent and -net describe the hosts of -hosts, which is not given"},
 		{[]string{"-hosts", "a:x"}, `slots must be a whole number of at least 1, got "x"`},
 		{[]string{"-hosts", "a:1", "-only", "mpi"}, "-hosts a:1: the MPI sections need at least 2 slots"},

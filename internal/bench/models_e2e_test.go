@@ -127,7 +127,8 @@ func TestTransformerPlumbing(t *testing.T) {
 	}
 	p := quickPlan()
 	p.Transformer.Procs = []int{1}
-	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &bytes.Buffer{},
+	unsetCoreType(t)
+	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &bytes.Buffer{}, numCPU: 2,
 		endToEnd:    endToEndSetup{python: fakeProgram(t, dir, "python", log, summary("2000", "3.0"))},
 		transformer: transformerSetup{charlm: fakeProgram(t, dir, "charlm", log, summary("1000", "3.03")), corpus: dir}}
 	require.NoError(t, d.transformer.check(dir))
@@ -145,8 +146,13 @@ func TestTransformerPlumbing(t *testing.T) {
 	job := "context 16 -dmodel 16 -heads 2 -blocks 1 -batch 4 -k 2 -steps 3 -warmup 1 -lr 0.002 -wd 0.01 -clip 1 -seed 42 " +
 		"-limit 64 -eval-windows 8 -data " + dir
 	assert.Contains(t, string(calls), " -"+job+" -quiet\n")
-	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads ")
-	assert.Contains(t, string(calls), " --"+strings.ReplaceAll(job, " -", " --")+"\n")
+	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads 2 --"+strings.ReplaceAll(job, " -", " --")+"\n",
+		"PyTorch, equally fast on 1 and 2 threads, keeps matched threads")
+	assert.Contains(t, string(calls), "charlm_ddp.py --procs 1 --threads 1 --"+strings.ReplaceAll(job, " -", " --")+"\n",
+		"its calibration: the plan's 3 steps are fewer than the calibration's")
+	assert.Equal(t, 3, strings.Count(string(calls), "charlm_ddp.py"), "2 calibration runs, 1 round")
+	require.NotNil(t, pairs[0][1].PyTorch)
+	assert.Equal(t, torchConfig{Threads: 2}, pairs[0][1].PyTorch.Chosen)
 
 	for name, bad := range map[string]string{
 		"diverged":    summary("1000", "null"),
@@ -177,8 +183,14 @@ func TestResNetPlumbing(t *testing.T) {
 	require.NoError(t, p.only("resnet"))
 	p.ResNet.Procs, p.ResNet.Rounds = []int{1}, 2
 	var benchstat bytes.Buffer
-	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &benchstat,
-		endToEnd: endToEndSetup{python: fakeProgram(t, dir, "python", log, summary("1000", "0.80", "1")), dataDir: "/data/fashion"},
+	unsetCoreType(t)
+	// PyTorch is faster on one thread of the two cores: its calibration chooses one.
+	python := fakeProgram(t, dir, "python", log, `case "$*" in
+*"--threads 1 "*) `+summary("1000", "0.80", "1")+` ;;
+*) `+summary("800", "0.80", "1")+` ;;
+esac`)
+	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &benchstat, numCPU: 2,
+		endToEnd: endToEndSetup{python: python, dataDir: "/data/fashion"},
 		resNet: resNetSetup{resnet: fakeProgram(t, dir, "resnet", log, summary("1200", "0.805", "1")),
 			resnetPureGo: fakeProgram(t, dir, "resnet_purego", log, summary("600", "0.79", "1"))}}
 	res := &results{Plan: p}
@@ -203,15 +215,23 @@ func TestResNetPlumbing(t *testing.T) {
 	calls, err := os.ReadFile(log)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(string(calls)), "\n")
-	require.Len(t, lines, 7, "PyTorch's version, then 2 rounds × 3 programs")
+	require.Len(t, lines, 9, "PyTorch's version, its calibration on 2 and 1 threads, then 2 rounds × 3 programs")
 	job := func(dash string, seed int) string {
 		return strings.ReplaceAll(fmt.Sprintf("-width 4 -blocks 1 -dropout 0.2 -epochs 1 -batch 32 -k 2 -lr 0.002 -seed %d "+
 			"-limit 256 -data /data/fashion", seed), "-", dash)
 	}
+	for i, threads := range []string{"1", "2"} {
+		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads `+threads+` `+regexp.QuoteMeta(job("--", 42))+"$", lines[1+i],
+			"the calibration runs first")
+	}
 	for _, seed := range []int{42, 43} {
 		assert.Contains(t, lines, " "+job("-", seed)+" -quiet", "both builds, seed %d", seed)
-		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads \d+ `+regexp.QuoteMeta(job("--", seed))+"\n", string(calls))
+		assert.Regexp(t, `resnet_ddp\.py --procs 1 --threads 1 `+regexp.QuoteMeta(job("--", seed))+"\n", string(calls))
 	}
+	require.NotNil(t, torch.PyTorch)
+	assert.Equal(t, torchConfig{Threads: 1}, torch.PyTorch.Chosen)
+	assert.Contains(t, md, "| 1 process | 2 threads | 800 ±0% | 0.8000 |  |")
+	assert.Contains(t, md, "| 1 process | 1 thread | 1000 ±0% | 0.8000 | **chosen** |")
 
 	for name, bad := range map[string]string{
 		"no examples/s": summary("0", "0.8", "1"),
@@ -227,6 +247,96 @@ func TestResNetPlumbing(t *testing.T) {
 	}
 }
 
+// TestLSTMPlumbing drives the LSTM section with stand-ins for examples/lstm and PyTorch (two rounds): PyTorch's
+// calibration runs first on the job itself (smaller than the calibration's examples), the job's flags reach
+// both programs in their syntax, each round from its own seed, the summaries land in the results and the
+// page reports them with no goal; a summary without a throughput, a final loss or the planned epochs fails
+// the run.
+func TestLSTMPlumbing(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	summary := func(rate, loss, epochs string) string {
+		return `echo "{\"train_examples\":128,\"epochs\":` + epochs + `,\"examples_per_second\":` + rate +
+			`,\"final_loss\":` + loss + `,\"parameters\":321}"`
+	}
+	p := quickPlan()
+	require.NoError(t, p.only("lstm"))
+	p.LSTM.Rounds = 2
+	var benchstat bytes.Buffer
+	unsetCoreType(t)
+	// PyTorch is faster on one thread of the two cores.
+	python := fakeProgram(t, dir, "python", log, `case "$*" in
+*"--threads 1 "*) `+summary("20000", "0.0003", "2")+` ;;
+*) `+summary("16000", "0.0003", "2")+` ;;
+esac`)
+	d := &driver{plan: p, progress: &bytes.Buffer{}, benchstat: &benchstat, numCPU: 2,
+		endToEnd: endToEndSetup{python: python},
+		lstm:     lstmSetup{lstm: fakeProgram(t, dir, "lstm", log, summary("5000", "0.0002", "2"))}}
+	res := &results{Plan: p}
+	require.NoError(t, d.checkPrograms(context.Background(), res, dir), "only the stand-ins are needed")
+	var err error
+	res.LSTM, err = d.measureLSTM(context.Background())
+	require.NoError(t, err)
+
+	g, torch := lstmRun(res, implGoaccel), lstmRun(res, implPyTorch)
+	require.True(t, g != nil && torch != nil)
+	assert.Equal(t, []float64{1.0 / 5000, 1.0 / 5000}, g.PerExample.Seconds)
+	assert.Equal(t, []float64{0.0003, 0.0003}, torch.FinalLoss)
+	assert.Equal(t, 256, g.PerExample.Iters, "examples × epochs")
+	assert.Equal(t, 321, torch.Parameters)
+	require.NotNil(t, torch.PyTorch)
+	assert.Equal(t, torchConfig{Threads: 1}, torch.PyTorch.Chosen)
+	assert.Nil(t, g.PyTorch)
+	md := report(res)
+	assert.Contains(t, md, "### The LSTM")
+	assert.Contains(t, md, "examples/lstm's job, reported, no goal")
+	assert.Contains(t, md, "| 1 | 5000 ±0% | 20000 ±0% | 0.25× | 0.000200 | 0.000300 | 2 |")
+	assert.Contains(t, md, "Both models have 321 parameters. Final losses by round (seed): goaccel 0.000200, 0.000200, "+
+		"PyTorch 0.000300, 0.000300.")
+	assert.Contains(t, md, "| 1 process | 1 thread | 20000 ±0% | 0.000300 | **chosen** |")
+	assert.Contains(t, md, "on a shorter job (128 sequences, 2 epochs)")
+	assert.Contains(t, md, "the LSTM is reported, no goal")
+	for _, g := range goals(res) {
+		assert.NotContains(t, g.what, "LSTM", "the LSTM has no goal")
+	}
+	assert.Contains(t, benchstat.String(), "BenchmarkLSTM/impl=pytorch ")
+
+	calls, err := os.ReadFile(log)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(calls)), "\n")
+	require.Len(t, lines, 7, "PyTorch's version, its calibration on 1 and 2 threads, then 2 rounds × 2 programs")
+	job := func(dash string, seed int) string {
+		return strings.ReplaceAll(fmt.Sprintf("-epochs 2 -batch 16 -examples 128 -length 8 -hidden 8 -lr 0.01 -seed %d", seed),
+			"-", dash)
+	}
+	assert.Regexp(t, `lstm_sine\.py --procs 1 --threads 1 `+regexp.QuoteMeta(job("--", 42))+"$", lines[1])
+	assert.Regexp(t, `lstm_sine\.py --procs 1 --threads 2 `+regexp.QuoteMeta(job("--", 42))+"$", lines[2])
+	for _, seed := range []int{42, 43} {
+		assert.Contains(t, lines, " "+job("-", seed)+" -quiet", "seed %d", seed)
+		assert.Regexp(t, `lstm_sine\.py --procs 1 --threads 1 `+regexp.QuoteMeta(job("--", seed))+"\n", string(calls))
+	}
+
+	for name, bad := range map[string]string{
+		"no examples/s": summary("0", "0.001", "2"),
+		"diverged":      summary("1000", "null", "2"),
+		"short":         summary("1000", "0.001", "1"),
+		"not json":      `echo done`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			d.lstm.lstm = fakeProgram(t, t.TempDir(), "lstm", log, bad)
+			_, err := d.measureLSTM(context.Background())
+			assert.ErrorContains(t, err, "lstm with goaccel")
+		})
+	}
+}
+
+// TestLSTMNeedsItsProgram: without examples/lstm the section refuses to start, naming how to build it.
+func TestLSTMNeedsItsProgram(t *testing.T) {
+	dir := t.TempDir()
+	s := lstmSetup{lstm: filepath.Join(dir, "missing")}
+	assert.ErrorContains(t, s.check(dir), "go build -tags mpi,blas -o "+filepath.Join(dir, "missing")+" ./examples/lstm")
+}
+
 // TestResNetNeedsItsPrograms: without either build of examples/resnet the section refuses to start, naming
 // how to build it.
 func TestResNetNeedsItsPrograms(t *testing.T) {
@@ -238,9 +348,9 @@ func TestResNetNeedsItsPrograms(t *testing.T) {
 	assert.ErrorContains(t, s.check(dir), "go build -tags mpi,blas -o ")
 }
 
-// TestQuickModels runs the transformer, ResNet, pure-Go CNN and demo sections for real in -quick mode:
-// charlm and examples/resnet on 1 and 2 processes (mpirun), their PyTorch twins, the demo built without
-// BLAS under both convolution settings.
+// TestQuickModels runs the transformer, ResNet, LSTM, pure-Go CNN and demo sections for real in -quick mode:
+// charlm and examples/resnet on 1 and 2 processes (mpirun), examples/lstm on 1, their PyTorch twins (each
+// one-process row after its calibration), the demo built without BLAS under both convolution settings.
 func TestQuickModels(t *testing.T) {
 	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
 		// Not even under CI=true: CI does not install PyTorch, which only `make bench` needs.
@@ -257,17 +367,21 @@ func TestQuickModels(t *testing.T) {
 	charlm := buildWithMPI(ctx, t, dir, "../../examples/charlm")
 	demo := buildWithMPI(ctx, t, dir, "../../examples/grad_accum") // -tags mpi only: no BLAS
 	resnet := buildWithMPI(ctx, t, dir, "../../examples/resnet")
+	lstm := buildWithMPI(ctx, t, dir, "../../examples/lstm")
 	// A small corpus keeps the runs short: one package of Go's own source.
 	corpus := filepath.Join(defaultCorpus(), "strings")
 	// The quick run checks the plumbing: this tree's demo stands in for the release's too.
 	// The same build stands in for the ResNet's BLAS build.
-	stdout, md, res := runQuick(ctx, t, exe, "-only", "transformer,resnet,purego,demo", "-charlm", charlm, "-demo", demo,
-		"-demo-purego", demo, "-demo-purego-release", demo, "-corpus", corpus, "-resnet", resnet, "-resnet-purego", resnet)
+	stdout, md, res := runQuick(ctx, t, exe, "-only", "transformer,resnet,lstm,purego,demo", "-charlm", charlm, "-demo", demo,
+		"-demo-purego", demo, "-demo-purego-release", demo, "-corpus", corpus, "-resnet", resnet, "-resnet-purego", resnet,
+		"-lstm", lstm)
 
 	assert.Contains(t, stdout, "BenchmarkTransformer/impl=pytorch/procs=2 ")
 	assert.Contains(t, stdout, "BenchmarkPureGoCNN/conv=kernel ")
 	assert.Contains(t, stdout, "BenchmarkResNet/impl=pytorch/procs=2 ")
-	for _, heading := range []string{"### The transformer language model", "### The ResNet", "### The demo's CNN without BLAS",
+	assert.Contains(t, stdout, "BenchmarkLSTM/impl=pytorch ")
+	for _, heading := range []string{"### The transformer language model", "### The ResNet", "### The LSTM",
+		"### The demo's CNN without BLAS",
 		"### The demo's wall time"} {
 		assert.Contains(t, md, heading)
 	}
@@ -286,6 +400,19 @@ func TestQuickModels(t *testing.T) {
 		assert.Equal(t, res.Plan.ResNet.Limit, r.PerExample.Iters, "%s %d: examples × epochs", r.Impl, r.Procs)
 		assert.Greater(t, r.TestAccuracy[0], 0.0, "%s %d", r.Impl, r.Procs)
 		assert.Equal(t, res.ResNet[0].Parameters, r.Parameters, "%s %d: the twins have the same parameters", r.Impl, r.Procs)
+	}
+	require.Len(t, res.LSTM, 2)
+	for _, r := range res.LSTM {
+		require.Len(t, r.PerExample.Seconds, 1, r.Impl)
+		assert.Equal(t, res.Plan.LSTM.Examples*res.Plan.LSTM.Epochs, r.PerExample.Iters, r.Impl)
+		assert.Positive(t, r.FinalLoss[0], r.Impl)
+		assert.Equal(t, res.LSTM[0].Parameters, r.Parameters, "%s: the twins have the same parameters", r.Impl)
+	}
+	require.NotNil(t, res.LSTM[1].PyTorch, "PyTorch's configuration was chosen")
+	for _, r := range res.ResNet {
+		if r.Impl == implPyTorch {
+			assert.NotNil(t, r.PyTorch, "resnet on %d: PyTorch's configuration was chosen", r.Procs)
+		}
 	}
 	require.Len(t, res.PureGoCNN, 3)
 	require.NotNil(t, res.Demo)

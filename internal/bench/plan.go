@@ -35,10 +35,13 @@ type plan struct {
 	EndToEnd    endToEndPlan
 	Transformer transformerPlan
 	ResNet      resNetPlan
+	LSTM        lstmPlan
 	PureGoCNN   pureGoPlan
 	Demo        demoPlan
 	Network     networkPlan
 	Sharding    shardingPlan
+	// Calibration sizes the short runs that choose each end-to-end PyTorch row's configuration.
+	Calibration calibrationPlan
 
 	// JobTimeout bounds each mpirun job and each child process.
 	JobTimeout time.Duration
@@ -96,7 +99,8 @@ func resNetJob() resNetPlan {
 }
 
 // fullPlan is what `make bench` measures: about twenty minutes on a two-core machine once the demo's CNN
-// trains fast (its five-epoch wall time is one of the measurements), and thirteen more for the ResNet.
+// trains fast (its five-epoch wall time is one of the measurements), thirteen more for the ResNet, and a
+// few for the LSTM and the calibration of PyTorch's configuration (a minute or so per one-process row).
 func fullPlan() plan {
 	return plan{
 		Ranks:          []int{2, 4},
@@ -117,13 +121,17 @@ func fullPlan() plan {
 		// Three rounds, so that one run slowed by the machine's other work does not decide a goal.
 		Transformer: withRounds(charlmJob(), 3, []int{1, 2}),
 		ResNet:      resNetJob(),
+		LSTM:        lstmJob(),
 		// One short epoch per variant: up to half a minute each without BLAS.
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 8192,
 			Seed: 42, LR: 0.002},
-		Demo:       demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
-		Network:    networkJob(),
-		Sharding:   shardingJob53M(),
-		JobTimeout: 10 * time.Minute,
+		Demo:     demoPlan{Runs: 1, Args: []string{"-model", "cnn"}},
+		Network:  networkJob(),
+		Sharding: shardingJob53M(),
+		// Three interleaved runs of each candidate, each about a seventh of an epoch (a third of the
+		// transformer's steps): a few seconds of training apiece.
+		Calibration: calibrationPlan{Rounds: 3, Examples: 8192, Steps: 30},
+		JobTimeout:  10 * time.Minute,
 	}
 }
 
@@ -193,13 +201,16 @@ func quickPlan() plan {
 		// test set).
 		ResNet: resNetPlan{Rounds: 1, Procs: []int{1, 2}, Width: 4, Blocks: 1, Dropout: 0.2, Epochs: 1, Batch: 32, K: 2,
 			LR: 0.002, Seed: 42, Limit: 256},
+		// The LSTM's plumbing: a few tiny epochs.
+		LSTM: lstmPlan{Rounds: 1, Epochs: 2, Batch: 16, Examples: 128, Length: 8, Hidden: 8, LR: 0.01, Seed: 42},
 		PureGoCNN: pureGoPlan{Rounds: 1, Variants: pureGoVariants(), Epochs: 1, Batch: 64, K: 4, Limit: 256,
 			Seed: 42, LR: 0.002},
 		Demo:    demoPlan{Runs: 1, Args: []string{"-model", "mlp", "-epochs", "1", "-limit", "512"}},
 		Network: quickNetwork(),
 		Sharding: shardingPlan{Config: trainConfig{Name: "mlp", Model: small, Batch: 4, K: 1}, Procs: []int{1, 2},
 			Strategies: shardingStrategies(), Rounds: 1, Warmup: 1, Steps: 2},
-		JobTimeout: 3 * time.Minute,
+		Calibration: calibrationPlan{Rounds: 1, Examples: 256},
+		JobTimeout:  3 * time.Minute,
 	}
 }
 
@@ -223,6 +234,8 @@ var sections = map[string]func(*plan){
 	"transformer": func(p *plan) { p.Transformer.Rounds = 0 },
 	// examples/resnet against its PyTorch twin, with and without BLAS.
 	"resnet": func(p *plan) { p.ResNet.Rounds = 0 },
+	// examples/lstm against its PyTorch twin: reported, no goal.
+	"lstm": func(p *plan) { p.LSTM.Rounds = 0 },
 	// The CNN without BLAS, each convolution lowering.
 	"purego": func(p *plan) { p.PureGoCNN.Rounds = 0 },
 	// The demo's wall time.

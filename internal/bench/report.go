@@ -51,7 +51,7 @@ const methodDoc = "benchmarks-method.md"
 
 func report(res *results) string {
 	r := &reporter{res: res}
-	for _, section := range []func(){r.header, r.summary, r.endToEnd, r.transformer, r.resNet, r.pureGo, r.demo, r.compute, r.allReduce, r.bucketing,
+	for _, section := range []func(){r.header, r.summary, r.endToEnd, r.transformer, r.resNet, r.lstm, r.pureGo, r.demo, r.compute, r.allReduce, r.bucketing,
 		r.accumulation, r.overhead, r.overlap, r.network, r.sharding} {
 		section()
 	}
@@ -105,9 +105,10 @@ func (r *reporter) header() {
 	if m.PyTorch != "" {
 		rows = append(rows, []string{"PyTorch", m.PyTorch + ", CPU"})
 	}
-	openblas := "unset: OpenBLAS runs the processor's own core"
+	openblas := "unset: OpenBLAS runs the processor's own core, in goaccel and PyTorch alike"
 	if m.OpenBLASCore != "" {
-		openblas = m.OpenBLASCore + ": OpenBLAS runs that core's kernels, in goaccel and PyTorch alike"
+		openblas = m.OpenBLASCore + ": OpenBLAS runs that core's kernels in goaccel; PyTorch runs with it or " +
+			"without it, as its calibration chose (each section)"
 	}
 	rows = append(rows, []string{"`OPENBLAS_CORETYPE`", openblas})
 	r.table([]string{"Machine", ""}, append(rows, []string{"goaccel", orDash(m.Goaccel)},
@@ -250,7 +251,7 @@ func (r *reporter) summary() {
 		rows = append(rows, row)
 	}
 	r.table([]string{"Measurement", "Goal", "Measured", "Met"}, rows)
-	r.p("Goals are judged on medians. Section 5 (overlap) has no goal.\n\n")
+	r.p("Goals are judged on medians. Section 5 (overlap) has no goal, and the LSTM is reported, no goal.\n\n")
 	if r.res.NetworkSkipped != "" {
 		r.p("> Section 6 (on a network) was not measured: %s.\n\n", r.res.NetworkSkipped)
 	}
@@ -275,7 +276,7 @@ func endToEndPairs(res *results, model string) [][2]endToEndResult {
 // endToEnd starts the section that also holds the big MLP's compute configurations.
 func (r *reporter) endToEnd() {
 	p := r.res.Plan.EndToEnd
-	if len(r.res.EndToEnd) > 0 || len(r.res.Compute) > 0 || len(r.res.Transformer) > 0 || len(r.res.ResNet) > 0 ||
+	if len(r.res.EndToEnd) > 0 || len(r.res.Compute) > 0 || len(r.res.Transformer) > 0 || len(r.res.ResNet) > 0 || len(r.res.LSTM) > 0 ||
 		len(r.res.PureGoCNN) > 0 || r.res.Demo != nil {
 		r.p("## End to end against PyTorch\n\n")
 	}
@@ -286,8 +287,9 @@ func (r *reporter) endToEnd() {
 		"examples per micro-batch per process, K = %d, epochs: %d, seed %d + round (each round trains every variant "+
 		"from its own seed, so accuracies are medians over seeds): `bin/grad_accum` (goaccel) against "+
 		"`internal/bench/pytorch/fashion_ddp.py` (PyTorch DDP over gloo; one process trains without DDP). *Examples/s* is "+
-		"training examples × epochs / training time, without data loading and evaluation; each process computes "+
-		"with cores / processes threads on both sides. Medians over the runs.", p.LR, p.Batch, p.K, p.Epochs, p.Seed)
+		"training examples × epochs / training time, without data loading and evaluation; each of goaccel's "+
+		"processes computes with cores / processes threads, PyTorch in its fastest configuration (below). Medians "+
+		"over the runs.", p.LR, p.Batch, p.K, p.Epochs, p.Seed)
 	if p.Limit > 0 {
 		r.p("> Trained on the first %d training examples only (-limit): accuracies are far from a full epoch's.\n\n", p.Limit)
 	}
@@ -324,6 +326,15 @@ func (r *reporter) endToEnd() {
 			r.p("%s\n\n", strings.Join(notes, " "))
 		}
 	}
+	var choices []labelledChoice
+	for _, m := range p.Models {
+		for _, pair := range endToEndPairs(r.res, m.Name) {
+			choices = append(choices, labelledChoice{fmt.Sprintf("%s, %s", strings.ToUpper(m.Name), processes(pair[1].Procs)),
+				pair[1].PyTorch})
+		}
+	}
+	r.torchChoices("examples/s", fmt.Sprintf("%d training examples", examplesOf(p.calibrationJob(r.res.Plan.Calibration).Limit)),
+		true, choices)
 }
 
 // rateCell is a per-example series as examples per second: "12345 ±3%".

@@ -68,6 +68,17 @@ func syntheticResults() *results {
 		{Impl: "pytorch", Procs: 1, PerToken: perToken(10000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
 		{Impl: "pytorch", Procs: 2, PerToken: perToken(20000), ValidationLoss: []float64{2.0}, Steps: 100, Parameters: 471296},
 	}
+	// PyTorch's 1-process row chose 1 thread without OPENBLAS_CORETYPE; on 2 threads, without it the loss was wrong.
+	calibrated := func(threads int, unset bool, tokensPerSecond, loss float64) torchCandidate {
+		return torchCandidate{Config: torchConfig{Threads: threads, UnsetCoreType: unset}, PerUnit: perToken(tokensPerSecond),
+			Quality: []float64{loss}}
+	}
+	cands := []torchCandidate{calibrated(2, false, 8000, 2.1), calibrated(2, true, 9000, 2.5), calibrated(1, false, 9500, 2.1),
+		calibrated(1, true, 10500, 2.11)}
+	chooseTorch(cands, transformerCheck)
+	res.Transformer[2].PyTorch = &torchChoice{CoreType: "Haswell", Check: transformerCheck, Rounds: 3, Cands: cands,
+		Chosen: torchConfig{Threads: 1, UnsetCoreType: true}}
+	res.Transformer[3].PyTorch = &torchChoice{CoreType: "Haswell", Check: transformerCheck, Only: true, Chosen: torchConfig{Threads: 1}}
 	// 1 process: 1.05× and 0.8810 vs 0.8900 (both met); 2 processes: 0.80× and 0.8600 vs 0.8750 (both missed).
 	res.ResNet = []endToEndResult{
 		{Impl: "goaccel", Model: "resnet", Procs: 1, PerExample: perExample(2100), TestAccuracy: []float64{0.8810, 0.88, 0.89}, Parameters: 19706},
@@ -75,6 +86,13 @@ func syntheticResults() *results {
 		{Impl: "goaccel-purego", Model: "resnet", Procs: 1, PerExample: perExample(1000), TestAccuracy: []float64{0.8811}, Parameters: 19706},
 		{Impl: "pytorch", Model: "resnet", Procs: 1, PerExample: perExample(2000), TestAccuracy: []float64{0.89}, Parameters: 19706},
 		{Impl: "pytorch", Model: "resnet", Procs: 2, PerExample: perExample(4000), TestAccuracy: []float64{0.875}, Parameters: 19706},
+	}
+	res.LSTM = []lstmResult{
+		{Impl: "goaccel", PerExample: perExample(5000), FinalLoss: []float64{0.0002, 0.0004, 0.0003}, Parameters: 4513},
+		{Impl: "pytorch", PerExample: perExample(17500), FinalLoss: []float64{0.0003}, Parameters: 4513,
+			PyTorch: &torchChoice{Check: lstmCheck, Rounds: 3, Chosen: torchConfig{Threads: 1}, Cands: []torchCandidate{
+				{Config: torchConfig{Threads: 2}, PerUnit: perExample(16000), Quality: []float64{0.0003}, Eligible: true},
+				{Config: torchConfig{Threads: 1}, PerUnit: perExample(17000), Quality: []float64{0.0003}, Eligible: true}}}},
 	}
 	// 3.5× faster with the convolution executor.
 	res.PureGoCNN = []pureGoResult{
@@ -175,8 +193,27 @@ func TestReportJudgesGoals(t *testing.T) {
 		"| 1 | 11000 ±0% | 10000 ±0% | 1.10× | 2.0200 | 2.0000 | +1.0% | 3 |",
 		"| 2 | 10000 ±0% | 20000 ±0% | 0.50× | 1.9400 | 2.0000 | −3.0% | 3 |",
 		"Both models have 471296 parameters.",
+		"each with `OPENBLAS_CORETYPE=Haswell` as the environment sets it (goaccel runs with it) and without it. A " +
+			"candidate without it is eligible only when its validation loss is within 2% of that of the run with it on " +
+			"the same threads. Before the rounds above, each candidate trained 3 time(s) on a shorter job (30 optimizer " +
+			"steps), interleaved, and the fastest eligible one (median) ran the row: goals are judged against it.",
+		"| 1 process | 2 threads | 8000 ±0% | 2.1000 |  |",
+		"| 1 process | 2 threads, OPENBLAS_CORETYPE unset | 9000 ±0% | 2.5000 | not eligible: validation loss 2.5000 " +
+			"against 2.1000 with OPENBLAS_CORETYPE |",
+		"| 1 process | 1 thread, OPENBLAS_CORETYPE unset | 10500 ±0% | 2.1100 | **chosen** |",
+		"| 2 processes | 1 thread | — | — | **chosen** (the only candidate) |",
 		"(2 blocks, d_model 128, 4 heads, context 64)",
 		"### The ResNet",
+		"### The LSTM",
+		"[benchmarks-method.md](benchmarks-method.md#the-lstm)",
+		"an LSTM of 32 units (GoMLX's `layers/lstm`; `torch.nn.LSTM` in the twin) reads 16 samples",
+		"| 1 | 5000 ±0% | 17500 ±0% | 0.29× | 0.000300 | 0.000300 | 3 |",
+		"Both models have 4513 parameters. Final losses by round (seed): goaccel 0.000200, 0.000400, 0.000300, PyTorch 0.000300.",
+		"`OPENBLAS_CORETYPE` is not set in the environment, so there is no run without it to compare. Before the rounds " +
+			"above, each candidate trained 3 time(s) on a shorter job (2048 sequences, 10 epochs), interleaved, and the " +
+			"fastest eligible one (median) ran the row.\n",
+		"| 1 process | 2 threads | 16000 ±0% | 0.000300 |  |",
+		"| 1 process | 1 thread | 17000 ±0% | 0.000300 | **chosen** |",
 		"[benchmarks-method.md](benchmarks-method.md#the-resnet)",
 		"| 1 | 2100 ±0% | 1000 ±0% | 2000 ±0% | 1.05× | 0.50× | 0.8810 | 0.8811 | 0.8900 | 3 |",
 		"| 2 | 3200 ±0% | — | 4000 ±0% | 0.80× | — | 0.8600 | — | 0.8750 | 3 |",
@@ -238,7 +275,7 @@ func TestReportNotes(t *testing.T) {
 		{"same models", func(r *results) { r.EndToEnd[0].Parameters, r.EndToEnd[2].Parameters = 101770, 101770 },
 			"Both models have 101770 parameters."},
 		{"compute without the demo's job", func(r *results) {
-			r.EndToEnd, r.Transformer, r.ResNet, r.PureGoCNN, r.Demo = nil, nil, nil, nil, nil
+			r.EndToEnd, r.Transformer, r.ResNet, r.LSTM, r.PureGoCNN, r.Demo = nil, nil, nil, nil, nil, nil
 		},
 			"## End to end against PyTorch\n\n### Big MLP"},
 		{"nothing measured", func(r *results) { *r = results{Plan: r.Plan} }, "| End to end: MLP throughput, 1 process | goaccel ≥ 1.5× PyTorch's examples/s | — | — |"},
@@ -248,6 +285,10 @@ func TestReportNotes(t *testing.T) {
 			"## End to end against PyTorch\n\n### The transformer language model"},
 		{"only the ResNet", func(r *results) { *r = results{Plan: r.Plan, ResNet: r.ResNet} },
 			"## End to end against PyTorch\n\n### The ResNet"},
+		{"only the LSTM", func(r *results) { *r = results{Plan: r.Plan, LSTM: r.LSTM} },
+			"## End to end against PyTorch\n\n### The LSTM"},
+		{"LSTM models differ", func(r *results) { r.LSTM[1].Parameters = 9 },
+			"**The models differ:** goaccel's has 4513 parameters, PyTorch's 9."},
 		{"ResNet on fewer examples", func(r *results) { r.Plan.ResNet.Limit = 6000 }, "first 6000 training examples only"},
 		{"ResNet models differ", func(r *results) { r.ResNet[3].Parameters = 7 },
 			"**The models differ:** goaccel's has 19706 parameters, PyTorch's 7."},

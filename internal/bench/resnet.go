@@ -10,8 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 
 	"github.com/goaccel/goaccel/internal/launch"
@@ -82,7 +80,8 @@ const (
 var resNetImpls = []string{implGoaccel, implGoaccelPureGo, implPyTorch}
 
 // measureResNet runs every implementation and process count once per round, in an order that changes from
-// round to round. The results are endToEndResults of model "resnet".
+// round to round, PyTorch in the configuration its calibration chose. The results are endToEndResults of
+// model "resnet".
 func (d *driver) measureResNet(ctx context.Context) ([]endToEndResult, error) {
 	p := d.plan.ResNet
 	if p.Rounds == 0 {
@@ -95,11 +94,19 @@ func (d *driver) measureResNet(ctx context.Context) ([]endToEndResult, error) {
 				PerExample: series{Name: fmt.Sprintf("ResNet/impl=%s/procs=%d", impl, n)}})
 		}
 	}
+	for i := range runs {
+		if r := &runs[i]; r.Impl == implPyTorch {
+			var err error
+			if r.PyTorch, err = d.calibrateResNet(ctx, r.Procs); err != nil {
+				return nil, fmt.Errorf("resnet with pytorch on %s: %w", processes(r.Procs), err)
+			}
+		}
+	}
 	for round := range p.Rounds {
 		for _, i := range rand.New(rand.NewPCG(uint64(round), 0x7e5)).Perm(len(runs)) {
 			r := &runs[i]
 			d.progressf("resnet: %s, %s (round %d of %d)\n", r.Impl, processes(r.Procs), round+1, p.Rounds)
-			s, err := d.runResNet(ctx, r.Impl, r.Procs, p.Seed+round)
+			s, err := d.runResNet(ctx, p, r.Impl, r.Procs, p.Seed+round, d.torchConfigOf(r.PyTorch, r.Procs))
 			if err != nil {
 				return nil, fmt.Errorf("resnet with %s on %s: %w", r.Impl, processes(r.Procs), err)
 			}
@@ -115,9 +122,34 @@ func (d *driver) measureResNet(ctx context.Context) ([]endToEndResult, error) {
 	return runs, nil
 }
 
-// runResNet trains once from seed and returns the summary the program ends its output with.
-func (d *driver) runResNet(ctx context.Context, impl string, procs, seed int) (runSummary, error) {
-	p, s := d.plan.ResNet, d.resNet
+// resNetCheck is when PyTorch computes the ResNet's job correctly without OPENBLAS_CORETYPE: the accuracy
+// goal's tolerance.
+var resNetCheck = qualityCheck{Name: "test accuracy", Tolerance: goalResNetAccuracyGap}
+
+// calibrationJob is the ResNet's job of a calibration run: at most the calibration's examples.
+func (p resNetPlan) calibrationJob(c calibrationPlan) resNetPlan {
+	p.Limit = shorter(p.Limit, c.Examples)
+	return p
+}
+
+// calibrateResNet chooses PyTorch's configuration for the ResNet on procs processes.
+func (d *driver) calibrateResNet(ctx context.Context, procs int) (*torchChoice, error) {
+	p := d.plan.ResNet
+	job := p.calibrationJob(d.plan.Calibration)
+	return d.choosePyTorch(ctx, "resnet: "+processes(procs), procs, examplesOf(job.Limit)*job.Epochs, resNetCheck,
+		func(ctx context.Context, cfg torchConfig) (float64, float64, error) {
+			s, err := d.runResNet(ctx, job, implPyTorch, procs, p.Seed, cfg)
+			if err != nil {
+				return 0, 0, err
+			}
+			return 1 / s.ExamplesPerSecond, s.TestAccuracy, nil
+		})
+}
+
+// runResNet trains the job p once from seed, PyTorch in configuration torch, and returns the summary the
+// program ends its output with.
+func (d *driver) runResNet(ctx context.Context, p resNetPlan, impl string, procs, seed int, torch torchConfig) (runSummary, error) {
+	s := d.resNet
 	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
 	defer cancel()
 	program := s.resnet
@@ -128,11 +160,7 @@ func (d *driver) runResNet(ctx context.Context, impl string, procs, seed int) (r
 	var cmd *exec.Cmd
 	switch {
 	case impl == implPyTorch:
-		// Matched threads: each of P processes on C cores computes with C/P threads (goaccel sizes its
-		// own from the local rank count).
-		threads := strconv.Itoa(max(1, runtime.NumCPU()/procs))
-		cmd = exec.CommandContext(ctx, d.endToEnd.python, append([]string{s.script, "--procs", strconv.Itoa(procs),
-			"--threads", threads}, p.args("--", d.endToEnd.dataDir, seed)...)...)
+		cmd = d.pytorchCommand(ctx, s.script, procs, torch, p.args("--", d.endToEnd.dataDir, seed))
 	case procs == 1:
 		cmd = exec.CommandContext(ctx, program, args...)
 	default:
@@ -208,8 +236,8 @@ func (r *reporter) resNet() {
 		"%d + round: `bin/resnet` (goaccel, with OpenBLAS), `bin/resnet_purego` (the same program built "+
 		"without the `blas` tag) and `internal/bench/pytorch/resnet_ddp.py` (PyTorch DDP over gloo; one process "+
 		"trains without DDP). *Examples/s* is training examples × epochs / training time, without data loading, "+
-		"compilation and evaluation; each process computes with cores / processes threads on both sides. "+
-		"Medians over the runs.", p.Blocks, p.Width, p.Blocks, 2*p.Width, p.Dropout, p.LR, p.Batch, p.K, p.Epochs, p.Seed)
+		"compilation and evaluation; each of goaccel's processes computes with cores / processes threads, PyTorch "+
+		"in its fastest configuration (below). Medians over the runs.", p.Blocks, p.Width, p.Blocks, 2*p.Width, p.Dropout, p.LR, p.Batch, p.K, p.Epochs, p.Seed)
 	if p.Limit > 0 {
 		r.p("> Trained on the first %d training examples only (-limit): accuracies are far from a full epoch's.\n\n", p.Limit)
 	}
@@ -249,6 +277,12 @@ func (r *reporter) resNet() {
 		notes = append(notes, fmt.Sprintf("**The models differ:** goaccel's has %d parameters, PyTorch's %d.", g, t))
 	}
 	r.p("%s\n\n", strings.Join(notes, " "))
+	var choices []labelledChoice
+	for _, n := range procs {
+		choices = append(choices, labelledChoice{processes(n), resNetRun(r.res, implPyTorch, n).PyTorch})
+	}
+	r.torchChoices("examples/s", fmt.Sprintf("%d training examples", examplesOf(p.calibrationJob(r.res.Plan.Calibration).Limit)),
+		true, choices)
 }
 
 // accuracyList is "0.8812, 0.8790, 0.8845".

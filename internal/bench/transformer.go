@@ -11,8 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 
 	"github.com/goaccel/goaccel/internal/launch"
@@ -92,6 +90,9 @@ type transformerResult struct {
 	ValidationLoss []float64 // nats per byte, one per run
 	Steps          int64
 	Parameters     int
+	// PyTorch is how a PyTorch row's configuration was chosen (nil: goaccel's rows, and results saved
+	// before calibration).
+	PyTorch *torchChoice `json:",omitempty"`
 }
 
 func (r transformerResult) tokensPerSecond() float64 { return 1 / r.PerToken.median() }
@@ -106,7 +107,7 @@ type transformerSummary struct {
 }
 
 // measureTransformer runs every implementation and process count once per round, in an order that
-// changes from round to round.
+// changes from round to round, PyTorch in the configuration its calibration chose.
 func (d *driver) measureTransformer(ctx context.Context) ([]transformerResult, error) {
 	p := d.plan.Transformer
 	if p.Rounds == 0 {
@@ -119,11 +120,19 @@ func (d *driver) measureTransformer(ctx context.Context) ([]transformerResult, e
 				PerToken: series{Name: fmt.Sprintf("Transformer/impl=%s/procs=%d", impl, n)}})
 		}
 	}
+	for i := range runs {
+		if r := &runs[i]; r.Impl == implPyTorch {
+			var err error
+			if r.PyTorch, err = d.calibrateTransformer(ctx, r.Procs); err != nil {
+				return nil, fmt.Errorf("transformer with pytorch on %s: %w", processes(r.Procs), err)
+			}
+		}
+	}
 	for round := range p.Rounds {
 		for _, i := range rand.New(rand.NewPCG(uint64(round), 0x7f)).Perm(len(runs)) {
 			r := &runs[i]
 			d.progressf("transformer: %s, %s (round %d of %d)\n", r.Impl, processes(r.Procs), round+1, p.Rounds)
-			s, err := d.runTransformer(ctx, r.Impl, r.Procs)
+			s, err := d.runTransformer(ctx, p, r.Impl, r.Procs, d.torchConfigOf(r.PyTorch, r.Procs))
 			if err != nil {
 				return nil, fmt.Errorf("transformer with %s on %s: %w", r.Impl, processes(r.Procs), err)
 			}
@@ -139,18 +148,47 @@ func (d *driver) measureTransformer(ctx context.Context) ([]transformerResult, e
 	return runs, nil
 }
 
-// runTransformer trains once and returns the summary the program ends its output with.
-func (d *driver) runTransformer(ctx context.Context, impl string, procs int) (transformerSummary, error) {
-	p, s := d.plan.Transformer, d.transformer
+// transformerCheck is when PyTorch computes the transformer's job correctly without OPENBLAS_CORETYPE:
+// the loss goal's tolerance.
+var transformerCheck = qualityCheck{Name: "validation loss", Tolerance: goalTransformerLossGap, Relative: true}
+
+// calibrationJob is the transformer's job of a calibration run: at most the calibration's optimizer steps.
+func (p transformerPlan) calibrationJob(c calibrationPlan) transformerPlan {
+	p.Steps = shorter(p.Steps, c.Steps)
+	p.Warmup = min(p.Warmup, p.Steps)
+	return p
+}
+
+// calibrateTransformer chooses PyTorch's configuration for the transformer on procs processes.
+func (d *driver) calibrateTransformer(ctx context.Context, procs int) (*torchChoice, error) {
+	job := d.plan.Transformer.calibrationJob(d.plan.Calibration)
+	tokens := job.Steps * job.K * job.Batch * job.Context * procs
+	return d.choosePyTorch(ctx, "transformer: "+processes(procs), procs, tokens, transformerCheck,
+		func(ctx context.Context, cfg torchConfig) (float64, float64, error) {
+			s, err := d.runTransformer(ctx, job, implPyTorch, procs, cfg)
+			if err != nil {
+				return 0, 0, err
+			}
+			return 1 / s.TokensPerSecond, *s.ValidationLoss, nil
+		})
+}
+
+// calibrationSteps says what a transformer calibration run trains, for the page.
+func calibrationSteps(p plan) string {
+	return fmt.Sprintf("%d optimizer steps", p.Transformer.calibrationJob(p.Calibration).Steps)
+}
+
+// runTransformer trains the job p once, PyTorch in configuration torch, and returns the summary the
+// program ends its output with.
+func (d *driver) runTransformer(ctx context.Context, p transformerPlan, impl string, procs int,
+	torch torchConfig) (transformerSummary, error) {
+	s := d.transformer
 	ctx, cancel := context.WithTimeout(ctx, d.plan.JobTimeout)
 	defer cancel()
 	var cmd *exec.Cmd
 	switch {
-	case impl == "pytorch":
-		// Matched threads: each of P processes on C cores computes with C/P threads.
-		threads := strconv.Itoa(max(1, runtime.NumCPU()/procs))
-		cmd = exec.CommandContext(ctx, d.endToEnd.python, append([]string{s.script, "--procs", strconv.Itoa(procs),
-			"--threads", threads}, p.args("--", s.corpus)...)...)
+	case impl == implPyTorch:
+		cmd = d.pytorchCommand(ctx, s.script, procs, torch, p.args("--", s.corpus))
 	case procs == 1:
 		cmd = exec.CommandContext(ctx, s.charlm, append(p.args("-", s.corpus), "-quiet")...)
 	default:
@@ -228,7 +266,8 @@ func (r *reporter) transformer() {
 		"(goaccel) against `internal/bench/pytorch/charlm_ddp.py` (PyTorch DDP over gloo; one process trains without DDP). "+
 		"*Tokens/s* is predicted bytes of every process / training time, without loading the corpus and the "+
 		"validation; the validation loss is the mean cross-entropy in nats per byte over %d held-out windows. "+
-		"Medians over the runs.", p.Blocks, p.DModel, p.Heads, p.Context, p.LR, p.WeightDecay, p.Warmup, p.Clip, p.Batch, p.K, p.Steps,
+		"Each of goaccel's processes computes with cores / processes threads, PyTorch in its fastest configuration "+
+		"(below). Medians over the runs.", p.Blocks, p.DModel, p.Heads, p.Context, p.LR, p.WeightDecay, p.Warmup, p.Clip, p.Batch, p.K, p.Steps,
 		p.Seed, p.EvalWindows)
 	var rows [][]string
 	for _, pair := range pairs {
@@ -246,6 +285,11 @@ func (r *reporter) transformer() {
 	case g > 0 && t > 0:
 		r.p("**The models differ:** goaccel's has %d parameters, PyTorch's %d.\n\n", g, t)
 	}
+	var choices []labelledChoice
+	for _, pair := range pairs {
+		choices = append(choices, labelledChoice{processes(pair[1].Procs), pair[1].PyTorch})
+	}
+	r.torchChoices("tokens/s", calibrationSteps(r.res.Plan), true, choices)
 }
 
 // signedPercent is "+1.2%" or "−0.4%".
