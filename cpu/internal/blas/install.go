@@ -24,11 +24,11 @@ var (
 
 // Install makes simplego run DotGeneral (and so graph.Dot and dense layers) on this package's gemm kernel,
 // for every simplego backend in the process. It is idempotent; calling it again only changes the thread
-// count. threads > 0 sets the number of threads the OpenBLAS kernel uses; threads <= 0 leaves the current
-// setting (OPENBLAS_NUM_THREADS when the library loaded, else all cores). OpenBLAS threads run outside Go's
-// scheduler, and torch-style thread settings do not reach them, so the caller picks the count: a rank's
-// threads times the ranks on a node should stay within its cores. The pure-Go kernel ignores threads: it
-// parallelizes over GOMAXPROCS.
+// count. threads > 0 sets how many goroutines a large product is split over, each part a single-threaded
+// OpenBLAS call (OpenBLAS never runs threads of its own); threads <= 0 leaves the current setting (at
+// first OPENBLAS_NUM_THREADS when the library loaded, else all cores). Torch-style thread settings do not
+// reach it, so the caller picks the count: a rank's threads times the ranks on a node should stay within
+// its cores. The pure-Go kernel ignores threads: it parallelizes over GOMAXPROCS.
 //
 // Call it before executing graphs, not concurrently with executions: simplego reads its executor table
 // without synchronization. Install runs a small DotGeneral to check that the patched internals behave as

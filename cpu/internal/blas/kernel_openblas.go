@@ -14,9 +14,18 @@ package blas
 // 2 threads than with 1). Large products are split in Go instead (sgemmBatched), each part a
 // single-threaded call on its own goroutine, and nothing waits while idle. goaccel_max_threads is the
 // rank's budget for that split.
+//
+// That needs OpenBLAS's pthreads build (Debian's default), in which concurrent single-threaded calls are
+// safe. Its OpenMP build takes its thread count from the calling OS thread's OpenMP setting and its serial
+// build may not lock its buffers: with either, calls are serialised under a mutex and never split
+// (concurrent_calls).
 static int goaccel_max_threads = 1;
 
 static void set_max_threads(int threads) { goaccel_max_threads = threads; }
+
+// concurrent_calls reports whether the loaded OpenBLAS is the pthreads build (openblas_get_parallel: 0
+// serial, 1 pthreads, 2 OpenMP).
+static int concurrent_calls(void) { return openblas_get_parallel() == 1; }
 
 static int max_threads(void) { return goaccel_max_threads; }
 
@@ -112,8 +121,8 @@ func avx512Core(name string) bool {
 
 func init() { C.init_threads() }
 
-// setKernelThreads sets the rank's OpenBLAS thread budget (large products use all of it, small ones one
-// thread); OPENBLAS_NUM_THREADS only applies when the library loads.
+// setKernelThreads sets the rank's thread budget for products: a large one is split over that many
+// goroutines, each part a single-threaded OpenBLAS call; small ones run on the caller.
 func setKernelThreads(threads int) { C.set_max_threads(C.int(threads)) }
 
 func kernelThreads() int { return int(C.max_threads()) }
@@ -167,9 +176,22 @@ func offsetsPointer(offsets []int64) *C.int64_t {
 // small products.
 var parallelFlops = float64(gemmtile.ParallelFlops)
 
+// concurrentCalls is whether OpenBLAS may be called from several threads at once (its pthreads build);
+// serialCalls serialises the calls where it may not.
+var (
+	concurrentCalls = C.concurrent_calls() != 0
+	serialCalls     sync.Mutex
+)
+
 // forRowParts calls part with row ranges [m0, m1) that together cover g's m rows: one range on the calling
 // goroutine, or, for a large product, one per thread of the budget, run at once.
 func forRowParts(g gemmShape, part func(m0, m1 int)) {
+	if !concurrentCalls {
+		serialCalls.Lock()
+		defer serialCalls.Unlock()
+		part(0, g.m)
+		return
+	}
 	workers := min(kernelThreads(), g.m)
 	if 2*float64(g.batch)*float64(g.m)*float64(g.n)*float64(g.k) < parallelFlops {
 		workers = 1

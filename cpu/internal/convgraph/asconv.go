@@ -13,11 +13,11 @@ import (
 type Form int32
 
 const (
-	// AsConvolutions (the default) builds both gradients as one ConvGeneral each: the kernel gradient
-	// convolves the input with the output gradient (batch and channels swapping roles), the input gradient
-	// convolves the output gradient, dilated by the strides, with the spatially reversed kernel. A backend
-	// with a fast convolution (XLA, or the pure-Go backend with convkernel installed) runs them at gemm
-	// speed.
+	// AsConvolutions (the default) builds both gradients as ConvGenerals: the kernel gradient convolves the
+	// input with the output gradient (batch and channels swapping roles), the input gradient convolves the
+	// output gradient with the spatially reversed kernel — for a strided convolution one undilated
+	// convolution per phase of the strides, interleaved (inputGradientByPhases). A backend with a fast
+	// convolution (XLA, or the pure-Go backend with convkernel installed) runs them at gemm speed.
 	AsConvolutions Form = iota
 	// AsSlices builds them from Slice, Concatenate and DotGeneral only (im2col and col2im in the graph), for
 	// a pure-Go backend whose ConvGeneral is simplego's own per-element loop.
@@ -48,8 +48,8 @@ func CurrentForm() Form { return Form(currentForm.Load()) }
 // positions (a strided convolution whose stride does not divide the input): the convolution then leaves
 // those positions out instead of computing kernel positions that are sliced off afterwards (a 1×1 stride-2
 // kernel gradient computed 2×2 positions, four times the work). XLA, simplego and convkernel all accept a
-// negative high padding. Low paddings that would be negative are clamped at zero and the surplus output
-// positions sliced off.
+// negative high padding. In the input gradient, paddings that would be negative are clamped at zero and
+// the surplus output positions sliced off.
 func (conv *convLayout) gradientsAsConvolutions(x, kernel, v *graph.Node, axes backends.ConvolveAxesConfig) (
 	inputGradient, kernelGradient *graph.Node) {
 	w := conv.windows
@@ -126,11 +126,12 @@ func reverseAxis(x *graph.Node, axis, size int) *graph.Node {
 }
 
 // byPhases reports whether the input gradient is built phase by phase (inputGradientByPhases): where some
-// stride exceeds 1, with no kernel dilation and no negative padding.
+// stride exceeds 1, with no kernel dilation, no negative padding and an input at least a stride long (so
+// that every phase has positions).
 func (w windowGeometry) byPhases() bool {
 	strided := false
 	for i := range w.sizes {
-		if w.dilations[i] != 1 || w.lowPads[i] < 0 {
+		if w.dilations[i] != 1 || w.lowPads[i] < 0 || w.inputDims[i] < w.strides[i] {
 			return false
 		}
 		strided = strided || w.strides[i] > 1

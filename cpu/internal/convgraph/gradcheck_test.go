@@ -167,6 +167,8 @@ var convCases = []convCase{
 	{name: "stride3/same/last/phases", batch: 2, inChannels: 2, outChannels: 2, spatial: []int{8, 7}, kernel: []int{2, 4}, stride: 3, padSame: true},
 	{name: "stride2/same/last/odd-size", batch: 2, inChannels: 3, outChannels: 2, spatial: []int{9, 5}, kernel: []int{3, 3}, stride: 2, padSame: true},
 	{name: "1d/stride4/valid", batch: 2, inChannels: 2, outChannels: 3, spatial: []int{11}, kernel: []int{3}, stride: 4},
+	// An input shorter than the stride leaves phases without positions: built with the dilated gradient.
+	{name: "1d/stride3/shorter-input", batch: 2, inChannels: 2, outChannels: 2, spatial: []int{2}, kernel: []int{1}, stride: 3},
 }
 
 // TestConvGradientsMatchFiniteDifferences checks the registered convolution gradients on the pure-Go

@@ -108,8 +108,8 @@ func (w window) padded(input []float32, outer, channels int, pool *scratchPool[f
 		fill(0, outer)
 	} else {
 		var wg sync.WaitGroup
-		for w := 1; w < workers; w++ {
-			wg.Go(func() { fill(outer*w/workers, outer*(w+1)/workers) })
+		for worker := 1; worker < workers; worker++ {
+			wg.Go(func() { fill(outer*worker/workers, outer*(worker+1)/workers) })
 		}
 		fill(0, outer/workers)
 		wg.Wait()

@@ -22,7 +22,8 @@ import (
 // patch): one statistics node computes both sums of a pass over the operand into a [2, features] result,
 // which two slices hand out, and the element-wise result reads them: [m; v], then y; [∂offset; ∂scale],
 // then ∂x. One pass for both statistics reads the operand (and g) once where a node per statistic read it
-// twice. Sums accumulate in float64.
+// twice. Sums accumulate in float64 (the vectorised float32 loops first in float32 lanes over a few
+// chunks: batchnorm_f32.go).
 
 // bnPart says which result of a batch normalization op a node computes.
 type bnPart int
@@ -230,7 +231,7 @@ func runBatchNorm[T float32 | float64](part bnPart, l bnLayout, epsilon float64,
 		// row walk below would call its closure once per element. These loops take a whole row of
 		// features at a time instead, with the same float64 operations in the same order: the same bits.
 		// float32 tensors take the vectorised loops (batchnorm_f32.go) instead.
-		if out32, ok := any(out).([]float32); ok && vectorisedFloat32 {
+		if out32, ok := any(out).([]float32); ok && vectorisedFloat32 && l.outer > 0 && l.features > 0 {
 			return runBatchNormChannelsLast32(part, l, epsilon, n, out32, any(args).([][]float32))
 		}
 		return runBatchNormChannelsLast(part, l, epsilon, n, out, args)

@@ -44,6 +44,22 @@ func newBNChunks(l bnLayout) bnChunks {
 
 func (c bnChunks) segments() int { return (c.rows + c.segmentRows - 1) / c.segmentRows }
 
+// firstChunkMean returns, per feature, the mean of the first chunk's rows of x.
+func (c bnChunks) firstChunkMean(x []float32) []float32 {
+	rows := min(c.rows, c.chunkRows)
+	sums := make([]float64, c.features)
+	for r := range rows {
+		for f, v := range x[r*c.features : (r+1)*c.features] {
+			sums[f] += float64(v)
+		}
+	}
+	mean := make([]float32, c.features)
+	for f, sum := range sums {
+		mean[f] = float32(sum / float64(rows))
+	}
+	return mean
+}
+
 // tile returns v (one value per feature) repeated chunkRows times.
 func (c bnChunks) tile(v []float32) []float32 {
 	t := make([]float32, c.chunkRows*c.features)
@@ -131,16 +147,17 @@ func runBatchNormChannelsLast32(part bnPart, l bnLayout, epsilon, n float64, out
 	c := newBNChunks(l)
 	switch part {
 	case bnStats:
-		// One pass: the sums of d = x − shift and of d², shift being the first row (near the mean, so that
-		// the variance E[d²] − E[d]² does not cancel away float32's digits).
+		// One pass: the sums of d = x − shift and of d², shift being the mean of the first chunk's rows (near
+		// the batch mean, so that the variance E[d²] − E[d]² does not cancel away float32's digits, which a
+		// single outlying row as the shift would).
 		x := args[0]
-		shift := c.tile(x[:c.features])
+		shift := c.tile(c.firstChunkMean(x))
 		sums, squares := c.featureSums(func(from, to int, sum, square []float32) {
 			vec32.AddShiftedMoments(sum, square, x[from:to], shift)
 		})
 		for f := range c.features {
 			mean := sums[f] / n
-			out[f] = float32(float64(x[f]) + mean)
+			out[f] = float32(float64(shift[f]) + mean)
 			out[c.features+f] = float32(max(0, squares[f]/n-mean*mean))
 		}
 	case bnNormalized:

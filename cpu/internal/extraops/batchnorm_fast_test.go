@@ -137,27 +137,47 @@ func BenchmarkBatchNormChannelsLast(b *testing.B) {
 }
 
 // TestOnePassVarianceKeepsItsDigits: the vectorised statistics take the variance as E[d²] − E[d]² with d
-// the distance from the first row; on activations far from zero with a small spread (mean 100, standard
-// deviation 0.01) that keeps the variance to float32 rounding of the two-pass float64 one, where the
-// plain E[x²] − E[x]² in float32 would lose every digit.
+// the distance from the first chunk's mean; on activations far from zero with a small spread (mean 100,
+// standard deviation 0.01) that keeps the variance close to the two-pass float64 one, where the plain
+// E[x²] − E[x]² in float32 would lose every digit — also when the first row is an outlier (a zero border
+// position, 10,000 standard deviations away), which as the shift itself would cost every digit.
 func TestOnePassVarianceKeepsItsDigits(t *testing.T) {
 	t.Cleanup(func() { vectorisedFloat32 = true })
-	rng := rand.New(rand.NewPCG(9, 10))
-	l := bnLayout{outer: 20000, features: 8, inner: 1}
-	x := make([]float32, l.outer*l.features)
-	for i := range x {
-		x[i] = float32(100 + 0.01*rng.NormFloat64())
+	for _, tc := range []struct {
+		name            string
+		zeroFirstRow    bool
+		varianceEpsilon float64
+	}{{"spread", false, 1e-4}, {"outlying first row", true, 1e-3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(9, 10))
+			l := bnLayout{outer: 20000, features: 8, inner: 1}
+			x := make([]float32, l.outer*l.features)
+			for i := range x {
+				x[i] = float32(100 + 0.01*rng.NormFloat64())
+			}
+			if tc.zeroFirstRow {
+				clear(x[:l.features])
+			}
+			stats := func(vectorised bool) []float32 {
+				vectorisedFloat32 = vectorised
+				out := make([]float32, 2*l.features)
+				require.NoError(t, runBatchNorm(bnStats, l, 1e-5, out, []any{x}))
+				return out
+			}
+			want, got := stats(false), stats(true)
+			for f := range l.features {
+				assert.InDelta(t, want[f], got[f], 1e-5, "mean of feature %d", f)
+				assert.InEpsilon(t, want[l.features+f], got[l.features+f], tc.varianceEpsilon, "variance of feature %d", f)
+			}
+		})
 	}
-	stats := func(vectorised bool) []float32 {
-		vectorisedFloat32 = vectorised
+}
+
+// TestEmptyBatchNorm: a tensor without rows or features takes the float64 loops (NaN statistics), not the
+// vectorised ones.
+func TestEmptyBatchNorm(t *testing.T) {
+	for _, l := range []bnLayout{{outer: 0, features: 4, inner: 1}, {outer: 5, features: 0, inner: 1}} {
 		out := make([]float32, 2*l.features)
-		require.NoError(t, runBatchNorm(bnStats, l, 1e-5, out, []any{x}))
-		return out
-	}
-	want, got := stats(false), stats(true)
-	for f := range l.features {
-		assert.InDelta(t, want[f], got[f], 1e-5, "mean of feature %d", f)
-		variance := want[l.features+f]
-		assert.InEpsilon(t, variance, got[l.features+f], 1e-4, "variance of feature %d", f)
+		require.NoError(t, runBatchNorm(bnStats, l, 1e-5, out, []any{make([]float32, 0)}), "%+v", l)
 	}
 }
