@@ -11,7 +11,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/examples/internal/command"
 )
 
 func main() {
@@ -31,9 +31,9 @@ func main() {
 
 // Exit codes of run.
 const (
-	exitOK    = 0
-	exitError = 1 // training failed (missing data, collective error, divergence)
-	exitUsage = 2 // bad command line, as the flag package does
+	exitOK    = command.OK
+	exitError = command.Error
+	exitUsage = command.Usage
 )
 
 // config is the command line.
@@ -57,26 +57,8 @@ type config struct {
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		return exitUsage
-	}
-	if err := charlm(cfg, stdout, stderr); err != nil {
-		if !errors.As(err, new(printedError)) {
-			fmt.Fprintf(stderr, "charlm: %v\n", err)
-		}
-		return exitError
-	}
-	return exitOK
+	return command.Run("charlm", args, stderr, parseFlags, func(cfg config) error { return charlm(cfg, stdout, stderr) })
 }
-
-// printedError is an error that charlm already printed.
-type printedError struct{ error }
-
-func (e printedError) Unwrap() error { return e.error }
 
 // defaultDataDir is Go's own standard-library source: $GOROOT/src of the go command on the PATH, as `go env
 // GOROOT` reports it (the GOROOT variable, when set, wins). Empty when neither says: -data is then required.
@@ -177,7 +159,7 @@ func charlm(cfg config, stdout, stderr io.Writer) (err error) {
 			// process with it. The tag says who failed in mpirun's merged output.
 			err = fmt.Errorf("rank %d of %d: %w", acc.Rank(), acc.WorldSize(), err)
 			fmt.Fprintf(stderr, "charlm: %v\n", err)
-			err = printedError{err}
+			err = command.Printed{Err: err}
 		}
 		if closeErr := acc.CloseWithError(err); err == nil && closeErr != nil {
 			err = closeErr

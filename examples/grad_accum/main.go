@@ -27,6 +27,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/examples/internal/command"
 	"github.com/goaccel/goaccel/examples/internal/cpuprofile"
 )
 
@@ -36,9 +37,9 @@ func main() {
 
 // Exit codes of run.
 const (
-	exitOK    = 0
-	exitError = 1 // training failed (missing data, collective error, …)
-	exitUsage = 2 // bad command line, as the flag package does
+	exitOK    = command.OK
+	exitError = command.Error
+	exitUsage = command.Usage
 )
 
 // config is the command line.
@@ -72,26 +73,8 @@ type config struct {
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		return exitUsage
-	}
-	if err := demo(cfg, stdout, stderr); err != nil {
-		if !errors.As(err, new(printedError)) {
-			fmt.Fprintf(stderr, "grad_accum: %v\n", err)
-		}
-		return exitError
-	}
-	return exitOK
+	return command.Run("grad_accum", args, stderr, parseFlags, func(cfg config) error { return demo(cfg, stdout, stderr) })
 }
-
-// printedError is an error that demo already printed.
-type printedError struct{ error }
-
-func (e printedError) Unwrap() error { return e.error }
 
 // parseFlags parses and validates the command line, printing what is wrong to stderr.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -254,7 +237,7 @@ func demo(cfg config, stdout, stderr io.Writer) (err error) {
 			// Each process's errors go to its own stderr; the tag says who failed in mpirun's merged output.
 			err = fmt.Errorf("rank %d of %d: %w", acc.Rank(), acc.WorldSize(), err)
 			fmt.Fprintf(stderr, "grad_accum: %v\n", err)
-			err = printedError{err}
+			err = command.Printed{Err: err}
 		}
 		// Under MPI, Close finalises the engine: a failure there is worth an exit code.
 		if closeErr := acc.CloseWithError(err); err == nil && closeErr != nil {

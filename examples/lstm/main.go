@@ -35,6 +35,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/ml/train/optimizers"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/examples/internal/command"
 	"github.com/goaccel/goaccel/examples/internal/jsonline"
 	"github.com/goaccel/goaccel/version"
 )
@@ -45,9 +46,9 @@ func main() {
 
 // Exit codes of run.
 const (
-	exitOK    = 0
-	exitError = 1 // training failed (a collective error, divergence, …)
-	exitUsage = 2 // bad command line, as the flag package does
+	exitOK    = command.OK
+	exitError = command.Error
+	exitUsage = command.Usage
 )
 
 // adamEpsilon is PyTorch's Adam default (GoMLX's Adam defaults to 1e-7), as the twin uses it.
@@ -67,18 +68,7 @@ type config struct {
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		return exitUsage
-	}
-	if _, err := job(cfg, stdout); err != nil {
-		fmt.Fprintf(stderr, "lstm: %v\n", err)
-		return exitError
-	}
-	return exitOK
+	return command.Run("lstm", args, stderr, parseFlags, func(cfg config) error { _, err := job(cfg, stdout); return err })
 }
 
 // parseFlags parses and validates the command line, printing what is wrong to stderr.

@@ -15,7 +15,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/goaccel/goaccel/accel"
 	"github.com/goaccel/goaccel/datasets/fashionmnist"
+	"github.com/goaccel/goaccel/examples/internal/command"
 )
 
 func main() {
@@ -33,9 +33,9 @@ func main() {
 
 // Exit codes of run.
 const (
-	exitOK    = 0
-	exitError = 1 // training failed (missing data, a collective error, divergence, …)
-	exitUsage = 2 // bad command line, as the flag package does
+	exitOK    = command.OK
+	exitError = command.Error
+	exitUsage = command.Usage
 )
 
 // config is the command line.
@@ -58,18 +58,7 @@ type config struct {
 
 // run is the whole program with its outside world passed in, so tests can drive it in-process.
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		return exitUsage
-	}
-	if _, err := job(cfg, stdout); err != nil {
-		fmt.Fprintf(stderr, "resnet: %v\n", err)
-		return exitError
-	}
-	return exitOK
+	return command.Run("resnet", args, stderr, parseFlags, func(cfg config) error { _, err := job(cfg, stdout); return err })
 }
 
 // parseFlags parses and validates the command line, printing what is wrong to stderr.
