@@ -100,6 +100,14 @@ func New(opts ...Option) (*Accelerator, error) {
 	}
 	a.rt = &prepare.Runtime{Backend: a.compute, Comm: a.comm, State: a.state,
 		BucketCapBytes: int64(cfg.bucketCapMB * (1 << 20)), MemoryLimit: cfg.memoryLimit, Overlap: cfg.overlap}
+	if cpu.IsPureGo(a.compute) && cpu.OpsMeasurable() {
+		// The backend's parallel schedule or one operation after another, whichever the program's own
+		// first micro-batches run faster with (prepare/opsschedule.go).
+		backend := a.compute
+		a.rt.MeasureOpsSchedule = func(sequential, measured bool) error {
+			return cpu.SetSequentialOps(backend, sequential, measured)
+		}
+	}
 	a.rt.Sharding = cfg.shardingOrDefault()
 	a.rt.LocalSGD = cfg.localSGD
 	if cfg.compression != accumulate.NoCompression {

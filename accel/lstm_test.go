@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/prepare"
 )
 
@@ -162,4 +163,28 @@ func TestLSTMLearnsSine(t *testing.T) {
 	}
 	assert.Equal(t, single.first, runs[0].first, "the runs start from different weights")
 	assert.InEpsilon(t, single.final, runs[0].final, 0.1, "1 and 2 processes end far apart")
+}
+
+// TestMeasuredOpsScheduleChangesNoValue: with two compute threads the pure-Go backend's schedule is chosen
+// by timing the first micro-batches both ways (accel env then says "measured"); the model ends with the
+// same error, bit for bit, as on one thread, whose operations always run one after another.
+func TestMeasuredOpsScheduleChangesNoValue(t *testing.T) {
+	train := func(threads int) sineRun {
+		acc, err := accel.New(accel.WithComputeThreads(threads))
+		require.NoError(t, err)
+		defer func() { require.NoError(t, acc.Close()) }()
+		run, err := trainSine(acc)
+		require.NoError(t, err)
+		return run
+	}
+	measured := train(2)
+	if cpu.OpsMeasurable() {
+		assert.Contains(t, cpu.CurrentKernels().Ops, "(measured)")
+	} else { // the race detector's builds always run one operation after another
+		assert.Equal(t, "sequential", cpu.CurrentKernels().Ops)
+	}
+	sequential := train(1)
+	assert.Equal(t, "sequential", cpu.CurrentKernels().Ops)
+	assert.Equal(t, sequential.final, measured.final, "the schedule changed a value")
+	assert.Less(t, measured.final, sineTarget)
 }

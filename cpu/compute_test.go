@@ -3,8 +3,12 @@ package cpu
 import (
 	"testing"
 
+	"github.com/gomlx/gomlx/pkg/core/graph"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
 )
 
 func TestVisibleDeviceForRank(t *testing.T) {
@@ -97,4 +101,34 @@ func TestKernelsReportOps(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, CurrentKernels().Ops, "%d thread(s)", threads)
 	}
+}
+
+// TestSetSequentialOps: the schedule of a backend cpu.New made (wrapped by the kernels) can be switched
+// both ways, the change is what CurrentKernels reports, and a graph computes the same values either way.
+func TestSetSequentialOps(t *testing.T) {
+	backend, err := New(Config{Backend: PureGo})
+	require.NoError(t, err)
+	sb, err := simplegoBackend(backend)
+	require.NoError(t, err)
+	double := func(x *graph.Node) *graph.Node { return graph.Add(graph.MulScalar(x, 2), graph.Sqrt(graph.Abs(x))) }
+	input := []float32{-4, 1, 9, 16}
+	var results [][]float32
+	for _, sequential := range []bool{true, false, true} {
+		require.NoError(t, SetSequentialOps(backend, sequential, true))
+		got, err := gomlxpatch.SequentialOps(sb)
+		require.NoError(t, err)
+		assert.Equal(t, sequential, got)
+		want := "parallel (measured)"
+		if sequential {
+			want = "sequential (measured)"
+		}
+		assert.Equal(t, want, CurrentKernels().Ops)
+		out := graph.MustExecOnce(backend, double, input)
+		results = append(results, tensors.MustCopyFlatData[float32](out))
+	}
+	assert.Equal(t, results[0], results[1])
+	assert.Equal(t, results[0], results[2])
+	require.NoError(t, SetSequentialOps(backend, false, false))
+	_, err = simplegoBackend(nil)
+	assert.ErrorContains(t, err, "not the pure-Go backend")
 }

@@ -2,12 +2,15 @@ package cpu
 
 import (
 	"fmt"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
 	"github.com/gomlx/gomlx/backends"
+	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 )
 
@@ -64,7 +67,8 @@ type Kernels struct {
 	// Threads is the number of BLAS threads this process uses (0 when BLAS is not in use).
 	Threads int
 	// Ops says how the pure-Go backend schedules a graph's operations: "sequential" or "parallel" (its own
-	// default: independent operations on parallel goroutines when one graph executes alone).
+	// default: independent operations on parallel goroutines when one graph executes alone), followed by
+	// " (measured)" once a prepared model's first micro-batches chose it (SetSequentialOps).
 	Ops string
 	// Convolutions describes how the pure-Go backend convolves and pools (see ConvEnvVar).
 	Convolutions string
@@ -104,6 +108,9 @@ var (
 	appliedSettings Config
 	applied         bool
 	opsSchedule     = "parallel"
+	// opsMeasurable is whether the schedule of the pure-Go backend New set up last was left to the backend
+	// (a bare "go" on more than one thread), so that a measurement may choose it (SetSequentialOps).
+	opsMeasurable bool
 )
 
 // Register makes ext the pure-Go backend's kernel set: the last registration wins (package cpu/kernels
@@ -155,7 +162,8 @@ func applyKernels(cfg Config, backendName string) (err error) {
 	return nil
 }
 
-// setOpsSchedule records the op scheduling that the pure-Go backend's configuration options select.
+// setOpsSchedule records the op scheduling that the pure-Go backend's configuration options select, and
+// whether it was left to the backend (no options).
 func setOpsSchedule(options string) {
 	extensionMu.Lock()
 	defer extensionMu.Unlock()
@@ -163,6 +171,65 @@ func setOpsSchedule(options string) {
 	if slices.Contains(strings.Split(options, ","), sequentialOps) {
 		opsSchedule = "sequential"
 	}
+	opsMeasurable = options == ""
+}
+
+// OpsMeasurable reports whether the pure-Go backend New set up last schedules a graph's operations as the
+// backend chooses (in parallel, on more than one thread, with no option given in GOMLX_BACKEND), so that a
+// measurement of the program's own steps may choose between that and one operation after another
+// (SetSequentialOps). The prepared model measures its first micro-batches both ways.
+func OpsMeasurable() bool {
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	return opsMeasurable
+}
+
+// SetSequentialOps makes backend (GoMLX's pure-Go backend, wrapped by goaccel's kernels or not) run every
+// graph's operations one after another, or in parallel as the backend chooses when sequential is false;
+// measured says the choice came from timing the program's steps, for CurrentKernels' Ops. Results are the
+// same either way: each operation computes the same values, only their order in time changes. It must not
+// run while the backend executes a graph.
+func SetSequentialOps(backend backends.Backend, sequential, measured bool) error {
+	b, err := simplegoBackend(backend)
+	if err != nil {
+		return err
+	}
+	if err := gomlxpatch.SetSequentialOps(b, sequential); err != nil {
+		return fmt.Errorf("compute: %w", err)
+	}
+	extensionMu.Lock()
+	defer extensionMu.Unlock()
+	opsSchedule = "parallel"
+	if sequential {
+		opsSchedule = "sequential"
+	}
+	if measured {
+		opsSchedule += " (measured)"
+	}
+	return nil
+}
+
+// simplegoBackend finds GoMLX's pure-Go backend under goaccel's wrappers, each of which embeds the backend
+// it wraps as its field Backend.
+func simplegoBackend(backend backends.Backend) (*simplego.Backend, error) {
+	for b := backend; b != nil; {
+		if sb, ok := b.(*simplego.Backend); ok {
+			return sb, nil
+		}
+		v := reflect.ValueOf(b)
+		if v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct {
+			break
+		}
+		field := v.FieldByName("Backend")
+		if !field.IsValid() || !field.CanInterface() || field.Type() != reflect.TypeFor[backends.Backend]() {
+			break
+		}
+		b, _ = field.Interface().(backends.Backend)
+	}
+	return nil, fmt.Errorf("compute: backend %T is not the pure-Go backend, nor a wrapper of it", backend)
 }
 
 // ScratchEstimator is implemented by an Extension whose kernels take memory of their own, beyond the

@@ -644,14 +644,18 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 		// waits for them must still wait, for the engines write into its outputs until they complete.
 		defer func() { _ = m.reducer.AbortOverlap() }()
 	}
+	tuner := m.rt.opsTuner()
+	tuner.before()
 	start := time.Now()
 	pass := m.rt.beginPhase(PhaseForwardBackward, m.microSteps+1, steps)
 	out, err := exec.Exec(m.microStepArgs(batch, scale, steps)...)
 	m.rt.endPhase(pass)
-	m.computeTime += time.Since(start)
+	elapsed := time.Since(start)
+	m.computeTime += elapsed
 	if err != nil {
 		return res, fmt.Errorf("prepare: training step: %w", err)
 	}
+	tuner.after(elapsed)
 	if withOutputs {
 		end := len(out)
 		if emit {

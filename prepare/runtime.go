@@ -44,6 +44,21 @@ type Runtime struct {
 	// the compute backend can (the pure-Go backend with goaccel's kernels; elsewhere the sync follows the
 	// step as without it). The sums are the same bit for bit. See docs/overlap.md.
 	Overlap bool
+	// MeasureOpsSchedule, when set, switches the compute backend between running a graph's operations in
+	// parallel (sequential false) and one after another; the runtime's first training micro-batches measure
+	// both and keep the faster (measured true for that last call). See opsschedule.go.
+	MeasureOpsSchedule func(sequential, measured bool) error
+
+	// tuner is the measurement MeasureOpsSchedule drives, made with the first micro-batch.
+	tuner *opsTuner
+}
+
+// opsTuner returns the runtime's schedule measurement, nil when there is none to make.
+func (rt *Runtime) opsTuner() *opsTuner {
+	if rt.tuner == nil && rt.MeasureOpsSchedule != nil {
+		rt.tuner = &opsTuner{set: rt.MeasureOpsSchedule}
+	}
+	return rt.tuner
 }
 
 // local reports whether the models of this runtime train on local gradients (LocalSGD).

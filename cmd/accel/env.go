@@ -174,7 +174,8 @@ func describeKernels(cfg cpu.Config, topo backends.Topology) []entry {
 	}[k.Gradients]
 	ops := map[string]string{
 		"sequential": "sequential (one operation of a graph at a time: this rank has one thread)",
-		"parallel":   "parallel (independent operations of a graph run at the same time, on GoMLX's own scheduling)",
+		"parallel": "parallel (independent operations of a graph run at the same time, on GoMLX's own scheduling; " +
+			"a training program measures it against one operation at a time on its first micro-batches and keeps the faster)",
 	}[k.Ops]
 	kernelSet := "goaccel's (written against GoMLX " + kernels.SupportedGoMLX + ", the release in this binary)"
 	if k.Inert != "" {
