@@ -123,11 +123,15 @@ func TestSetSequentialOps(t *testing.T) {
 			want = "sequential (measured)"
 		}
 		assert.Equal(t, want, CurrentKernels().Ops)
+		if raceDetector && !sequential {
+			continue // simplego's parallel executor races on its own bookkeeping: New never uses it under -race
+		}
 		out := graph.MustExecOnce(backend, double, input)
 		results = append(results, tensors.MustCopyFlatData[float32](out))
 	}
-	assert.Equal(t, results[0], results[1])
-	assert.Equal(t, results[0], results[2])
+	for _, r := range results[1:] {
+		assert.Equal(t, results[0], r)
+	}
 	require.NoError(t, SetSequentialOps(backend, false, false))
 	_, err = simplegoBackend(nil)
 	assert.ErrorContains(t, err, "not the pure-Go backend")
