@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -209,25 +208,10 @@ func SetSequentialOps(backend backends.Backend, sequential, measured bool) error
 	return nil
 }
 
-// simplegoBackend finds GoMLX's pure-Go backend under goaccel's wrappers, each of which embeds the backend
-// it wraps as its field Backend.
+// simplegoBackend finds GoMLX's pure-Go backend under goaccel's wrappers.
 func simplegoBackend(backend backends.Backend) (*simplego.Backend, error) {
-	for b := backend; b != nil; {
-		if sb, ok := b.(*simplego.Backend); ok {
-			return sb, nil
-		}
-		v := reflect.ValueOf(b)
-		if v.Kind() == reflect.Pointer && !v.IsNil() {
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct {
-			break
-		}
-		field := v.FieldByName("Backend")
-		if !field.IsValid() || !field.CanInterface() || field.Type() != reflect.TypeFor[backends.Backend]() {
-			break
-		}
-		b, _ = field.Interface().(backends.Backend)
+	if b, ok := gomlxpatch.Unwrap[*simplego.Backend](backend, "Backend"); ok {
+		return b, nil
 	}
 	return nil, fmt.Errorf("compute: backend %T is not the pure-Go backend, nor a wrapper of it", backend)
 }

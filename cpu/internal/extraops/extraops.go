@@ -31,7 +31,6 @@ package extraops
 import (
 	"errors"
 	"fmt"
-	"reflect"
 
 	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
@@ -91,19 +90,8 @@ type extendedBuilder struct {
 // wrappers further in (convkernel's) create their own nodes there, and a builder that is not simplego's
 // cannot hold them.
 func simplegoBuilder(builder backends.Builder) (*simplego.Builder, error) {
-	for b := builder; b != nil; {
-		if sb, ok := b.(*simplego.Builder); ok {
-			return sb, nil
-		}
-		v := reflect.ValueOf(b)
-		if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
-			break
-		}
-		field := v.Elem().FieldByName("Builder")
-		if !field.IsValid() || !field.CanInterface() || field.Type() != reflect.TypeFor[backends.Builder]() {
-			break
-		}
-		b, _ = field.Interface().(backends.Builder)
+	if b, ok := gomlxpatch.Unwrap[*simplego.Builder](builder, "Builder"); ok {
+		return b, nil
 	}
 	return nil, fmt.Errorf("extraops: builder %T is not the pure-Go backend's, nor a wrapper of it", builder)
 }

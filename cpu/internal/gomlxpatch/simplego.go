@@ -434,3 +434,28 @@ func ScheduleFirst(first []*simplego.Node) (bool, error) {
 	*nodesPtr = order
 	return changed, nil
 }
+
+// Unwrap finds the T under v: v itself, or what goaccel's wrappers hold in their embedded field named
+// field (each wrapper of a backend embeds the backend it wraps as Backend, each builder wrapper the builder
+// as Builder), followed down as far as it goes.
+func Unwrap[T any](v any, field string) (T, bool) {
+	for v != nil {
+		if t, ok := v.(T); ok {
+			return t, true
+		}
+		value := reflect.ValueOf(v)
+		if value.Kind() == reflect.Pointer && !value.IsNil() {
+			value = value.Elem()
+		}
+		if value.Kind() != reflect.Struct {
+			break
+		}
+		inner := value.FieldByName(field)
+		if !inner.IsValid() || !inner.CanInterface() || inner.Kind() != reflect.Interface {
+			break
+		}
+		v = inner.Interface()
+	}
+	var zero T
+	return zero, false
+}
