@@ -12,28 +12,23 @@ package blas
 // timeout after each threaded product, and on a node whose cores the ranks share exactly that spinning
 // took a core from the graph's other operations (a ResNet step on one process of 2 cores ran slower with
 // 2 threads than with 1). Large products are split in Go instead (sgemmBatched), each part a
-// single-threaded call on its own goroutine, and nothing waits while idle. goaccel_max_threads is the
-// rank's budget for that split.
+// single-threaded call on its own goroutine, and nothing waits while idle (the rank's budget for that
+// split is maxThreads, in Go).
 //
 // That needs OpenBLAS's pthreads build (Debian's default), in which concurrent single-threaded calls are
 // safe. Its OpenMP build takes its thread count from the calling OS thread's OpenMP setting and its serial
 // build may not lock its buffers: with either, calls are serialised under a mutex and never split
 // (concurrent_calls).
-static int goaccel_max_threads = 1;
-
-static void set_max_threads(int threads) { goaccel_max_threads = threads; }
-
 // concurrent_calls reports whether the loaded OpenBLAS is the pthreads build (openblas_get_parallel: 0
 // serial, 1 pthreads, 2 OpenMP).
 static int concurrent_calls(void) { return openblas_get_parallel() == 1; }
 
-static int max_threads(void) { return goaccel_max_threads; }
-
-// init_threads starts from what OpenBLAS chose when it loaded (OPENBLAS_NUM_THREADS, else the cores) as
-// the budget, and makes OpenBLAS's own calls single-threaded.
-static void init_threads(void) {
-	goaccel_max_threads = openblas_get_num_threads();
+// init_threads returns what OpenBLAS chose when it loaded (OPENBLAS_NUM_THREADS, else the cores), the
+// budget to start from, and makes OpenBLAS's own calls single-threaded.
+static int init_threads(void) {
+	int threads = openblas_get_num_threads();
 	openblas_set_num_threads(1);
+	return threads;
 }
 
 // The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item. Each call
@@ -70,6 +65,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
@@ -119,13 +115,16 @@ func avx512Core(name string) bool {
 	return false
 }
 
-func init() { C.init_threads() }
+// maxThreads is the rank's budget for splitting a product.
+var maxThreads atomic.Int64
+
+func init() { maxThreads.Store(int64(C.init_threads())) }
 
 // setKernelThreads sets the rank's thread budget for products: a large one is split over that many
 // goroutines, each part a single-threaded OpenBLAS call; small ones run on the caller.
-func setKernelThreads(threads int) { C.set_max_threads(C.int(threads)) }
+func setKernelThreads(threads int) { maxThreads.Store(int64(threads)) }
 
-func kernelThreads() int { return int(C.max_threads()) }
+func kernelThreads() int { return int(maxThreads.Load()) }
 
 func cbool(b bool) C.int {
 	if b {
