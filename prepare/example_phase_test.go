@@ -45,6 +45,9 @@ func ExampleRuntime_SetPhaseObserver() {
 }
 
 // ObserveSource times the batches a loader draws from a source; the batches themselves are the source's.
+// Prefetching is off here so that each load prints before its batch: by default the loader reads the next
+// batch on another goroutine while the loop works on the current one, and the two lines interleave as
+// the goroutines run.
 func ExampleRuntime_ObserveSource() {
 	backend, _ := cpu.New(cpu.Config{Backend: cpu.PureGo})
 	state, _ := accumulate.NewGradientState(1, false)
@@ -52,7 +55,7 @@ func ExampleRuntime_ObserveSource() {
 	rt.SetPhaseObserver(func(p prepare.Phase, begin, end time.Time) { fmt.Println(p) })
 	x := tensors.FromValue([][]float32{{1}, {2}, {3}, {4}, {5}})
 	src, _ := prepare.TensorSource([]*tensors.Tensor{x}, []*tensors.Tensor{x})
-	loader, _ := prepare.NewDataLoader(rt, rt.ObserveSource(src), prepare.BatchSize(2))
+	loader, _ := prepare.NewDataLoader(rt, rt.ObserveSource(src), prepare.BatchSize(2), prepare.Prefetch(false))
 	for batch, err := range loader.All() {
 		if err != nil {
 			fmt.Println(err)
