@@ -429,23 +429,68 @@ func (c *checker) allGathers() error {
 }
 
 // reduceScatters sums every kind's buffers of Size() blocks and checks that each rank got its block of the
-// sum, for blocks of 0, 1 and 7 elements and a large one.
+// sum, for blocks of 0, 1 and 7 elements and a large one; then blocks of more than 4 MiB (an engine that
+// moves a block in pieces must put them back in order); then several at once, waited for out of order.
 func (c *checker) reduceScatters() error {
+	type inFlight struct {
+		kc         kindCase
+		n          int
+		send, recv any
+		pending    *backends.Pending
+	}
+	start := func(kc kindCase, n int) (*inFlight, error) {
+		f := &inFlight{kc: kc, n: n, send: kc.fill(c.rank, n*c.size), recv: kc.fill(c.size+3, n)} // recv: garbage
+		var err error
+		if f.pending, err = c.comm.ReduceScatterSumAsync(asBuffer(f.send), asBuffer(f.recv)); err != nil {
+			return nil, fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err)
+		}
+		c.count(backends.OpReduceScatter, n*c.size*kc.elemSize)
+		return f, nil
+	}
+	finish := func(f *inFlight) error {
+		kc, n := f.kc, f.n
+		if err := f.pending.Wait(); err != nil {
+			return fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err)
+		}
+		want := kc.slice(kc.sum(c.size, n*c.size), c.rank*n, (c.rank+1)*n)
+		if err := kc.compare(f.recv, want); err != nil {
+			c.fail(fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err))
+		}
+		if err := kc.compare(f.send, kc.fill(c.rank, n*c.size)); err != nil {
+			c.fail(fmt.Errorf("reduce-scatter %s[%d] changed its send buffer: %w", kc.kind, n*c.size, err))
+		}
+		return nil
+	}
+	one := func(kc kindCase, n int) error {
+		f, err := start(kc, n)
+		if err != nil {
+			return err
+		}
+		return finish(f)
+	}
 	for _, kc := range kindCases {
 		for _, n := range []int{0, 1, 7, 4099} {
-			send := kc.fill(c.rank, n*c.size)
-			recv := kc.fill(c.size+3, n) // garbage that must be overwritten
-			if err := c.comm.ReduceScatterSum(asBuffer(send), asBuffer(recv)); err != nil {
-				return fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err)
+			if err := one(kc, n); err != nil {
+				return err
 			}
-			c.count(backends.OpReduceScatter, n*c.size*kc.elemSize)
-			want := kc.slice(kc.sum(c.size, n*c.size), c.rank*n, (c.rank+1)*n)
-			if err := kc.compare(recv, want); err != nil {
-				c.fail(fmt.Errorf("reduce-scatter %s[%d]: %w", kc.kind, n*c.size, err))
-			}
-			if err := kc.compare(send, kc.fill(c.rank, n*c.size)); err != nil {
-				c.fail(fmt.Errorf("reduce-scatter %s[%d] changed its send buffer: %w", kc.kind, n*c.size, err))
-			}
+		}
+	}
+	for _, kc := range []kindCase{kindCases[0], kindCases[5]} { // float32 and bfloat16
+		if err := one(kc, 5<<20/kc.elemSize+3); err != nil {
+			return err
+		}
+	}
+	var started []*inFlight
+	for i, n := range []int{4099, 1, 1<<20 + 1, 7} {
+		f, err := start(kindCases[i%2], n)
+		if err != nil {
+			return err
+		}
+		started = append(started, f)
+	}
+	for _, i := range []int{2, 0, 3, 1} {
+		if err := finish(started[i]); err != nil {
+			return err
 		}
 	}
 	return nil

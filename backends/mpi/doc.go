@@ -31,6 +31,12 @@
 // backends.Communicator bound each wait with its watchdog. Buffers are Go memory that MPI keeps using after
 // the call returns, so they are pinned with runtime.Pinner until MPI_Test reports completion.
 //
+// The reduce-scatter is the exception: the engine runs it itself, as a ring of MPI_Isend and MPI_Irecv on
+// a communicator of its own that the same polling progresses. Open MPI's MPI_Ireduce_scatter_block
+// reduces the whole buffer on rank 0 and mallocs two copies of it on every rank; the ring sends (N-1)/N of
+// the buffer from each rank and holds two pieces of at most 4 MiB (docs/notes.md, Note [Reduce-scatter as
+// a ring]).
+//
 // Sums of uint8 buffers use a user-defined MPI operation rather than MPI_SUM: Open MPI 4.1's AVX reduction
 // kernels add 8-bit integers with saturating instructions, so a long enough MPI_UINT8_T sum comes back as
 // 255 where C, Go and goaccel's other engines wrap modulo 256 (open-mpi/ompi#8045). goaccel's conformance

@@ -200,11 +200,6 @@ static int goaccel_iallreduce_sum(void *buf, int count, int kind, MPI_Comm comm,
 	return MPI_Iallreduce(MPI_IN_PLACE, goaccel_buf(buf), count, goaccel_datatype(kind), goaccel_sum_op(kind), comm, req);
 }
 
-static int goaccel_ireduce_scatter_sum(void *send, void *recv, int count, int kind, MPI_Comm comm, MPI_Request *req) {
-	return MPI_Ireduce_scatter_block(goaccel_buf(send), goaccel_buf(recv), count, goaccel_datatype(kind),
-		goaccel_sum_op(kind), comm, req);
-}
-
 static int goaccel_ibcast(void *buf, int count, int kind, int root, MPI_Comm comm, MPI_Request *req) {
 	return MPI_Ibcast(goaccel_buf(buf), count, goaccel_datatype(kind), root, comm, req);
 }
@@ -226,6 +221,162 @@ static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
 		for (int i = 0; i < 64; i++) {
 			int rc = MPI_Test(req, flag, MPI_STATUS_IGNORE);
 			if (rc != MPI_SUCCESS || *flag) {
+				return rc;
+			}
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long long elapsed = (long long)(now.tv_sec - start.tv_sec) * 1000000000LL + (now.tv_nsec - start.tv_nsec);
+		if (elapsed >= budget_ns) {
+			return MPI_SUCCESS;
+		}
+	}
+}
+
+// A reduce-scatter as a ring of point-to-point messages. Open MPI's MPI_Ireduce_scatter_block (libnbc)
+// reduces the whole buffer to rank 0 along a binomial tree and scatters it from there: every rank mallocs
+// two buffers the size of the whole send buffer, and rank 0 receives and sends N times a block. The ring
+// moves (N-1)/N of the buffer out of every rank, like the all-reduce's first half, and needs two pieces of
+// at most goaccel_ring_piece_bytes (docs/notes.md, Note [Reduce-scatter as a ring]).
+//
+// Rank r's step s (0 <= s <= N-2) sends its partial sum of block (r-s-1) mod N to rank r+1 and receives
+// rank r-1's partial sum of block (r-s-2) mod N, to which it adds its own part; after the last step that is
+// block r, summed over every rank. Blocks are cut into pieces, each its own run of N-1 steps, so that the
+// partial sums in flight stay small whatever the bucket's size. Each block is summed in one fixed order,
+// (((x[b+1] + x[b+2]) + x[b+3]) + ...) + x[b], on every run.
+enum { goaccel_ring_piece_bytes = 4 << 20 };
+
+typedef struct {
+	MPI_Comm comm;
+	MPI_Datatype type;
+	MPI_Op op;
+	int rank, size, tag;
+	size_t elem;          // bytes per element
+	const char *send;     // size blocks of `block` elements (pinned Go memory)
+	char *recv;           // `block` elements: this rank's block of the sum (pinned Go memory)
+	long long block;      // elements per block
+	long long piece;      // elements per piece, the most one message carries
+	long long offset;     // the current piece's first element within a block
+	int step;             // the current step of the current piece's ring
+	char *partial[2];     // piece-sized partial sums, one received while the other is sent
+	MPI_Request reqs[2];  // the current step's send and receive
+	char *dst;            // where the current step receives
+	long long count;      // elements in the current piece
+} goaccel_ring;
+
+static long long goaccel_mod(long long a, long long n) { return ((a % n) + n) % n; }
+
+// goaccel_ring_post starts the current step's send and receive.
+static int goaccel_ring_post(goaccel_ring *g) {
+	long long rest = g->block - g->offset;
+	g->count = rest < g->piece ? rest : g->piece;
+	long long sendBlock = goaccel_mod(g->rank - g->step - 1, g->size);
+	const void *src = g->step == 0 ? (const void *)(g->send + (size_t)(sendBlock * g->block + g->offset) * g->elem)
+		: (const void *)g->partial[(g->step - 1) & 1];
+	g->dst = g->step == g->size - 2 ? g->recv + (size_t)g->offset * g->elem : g->partial[g->step & 1];
+	int rc = MPI_Irecv(g->dst, (int)g->count, g->type, (int)goaccel_mod(g->rank - 1, g->size), g->tag, g->comm, &g->reqs[1]);
+	if (rc != MPI_SUCCESS) {
+		return rc;
+	}
+	return MPI_Isend(src, (int)g->count, g->type, (g->rank + 1) % g->size, g->tag, g->comm, &g->reqs[0]);
+}
+
+static void goaccel_ring_free(goaccel_ring *g) {
+	free(g->partial[0]);
+	free(g->partial[1]);
+	free(g);
+}
+
+// goaccel_ring_start allocates a ring and posts its first step; *out is NULL when there is nothing to
+// exchange (one rank, or empty blocks), the result already in recv.
+static int goaccel_ring_start(void *send, void *recv, long long block, int kind, int tag, MPI_Comm comm,
+		goaccel_ring **out) {
+	*out = NULL;
+	int rank, size, elem;
+	int rc = MPI_Comm_rank(comm, &rank);
+	if (rc == MPI_SUCCESS) {
+		rc = MPI_Comm_size(comm, &size);
+	}
+	if (rc == MPI_SUCCESS) {
+		rc = MPI_Type_size(goaccel_datatype(kind), &elem);
+	}
+	if (rc != MPI_SUCCESS) {
+		return rc;
+	}
+	if (block == 0) {
+		return MPI_SUCCESS;
+	}
+	if (size == 1) {
+		memcpy(recv, send, (size_t)block * elem);
+		return MPI_SUCCESS;
+	}
+	goaccel_ring *g = calloc(1, sizeof(goaccel_ring));
+	if (g == NULL) {
+		return MPI_ERR_NO_MEM;
+	}
+	g->comm = comm;
+	g->type = goaccel_datatype(kind);
+	g->op = goaccel_sum_op(kind);
+	g->rank = rank;
+	g->size = size;
+	g->tag = tag;
+	g->elem = (size_t)elem;
+	g->send = send;
+	g->recv = recv;
+	g->block = block;
+	g->piece = goaccel_ring_piece_bytes / elem;
+	if (g->piece > block) {
+		g->piece = block;
+	}
+	if (size > 2) {
+		g->partial[0] = malloc((size_t)g->piece * elem);
+		g->partial[1] = size > 3 ? malloc((size_t)g->piece * elem) : NULL;
+		if (g->partial[0] == NULL || (size > 3 && g->partial[1] == NULL)) {
+			goaccel_ring_free(g);
+			return MPI_ERR_NO_MEM;
+		}
+	}
+	rc = goaccel_ring_post(g);
+	if (rc != MPI_SUCCESS) {
+		// A receive may be posted; the ring is leaked rather than freed under it (the job ends on this error).
+		return rc;
+	}
+	*out = g;
+	return MPI_SUCCESS;
+}
+
+// goaccel_ring_test progresses the ring as goaccel_test progresses a request: for up to budget_ns, at
+// least 64 polls. *flag is set once this rank's block is complete; the ring is then freed.
+static int goaccel_ring_test(goaccel_ring *g, int *flag, long long budget_ns) {
+	struct timespec start, now;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	*flag = 0;
+	for (;;) {
+		for (int i = 0; i < 64; i++) {
+			int done;
+			int rc = MPI_Testall(2, g->reqs, &done, MPI_STATUSES_IGNORE);
+			if (rc != MPI_SUCCESS) {
+				return rc;
+			}
+			if (!done) {
+				continue;
+			}
+			long long recvBlock = goaccel_mod(g->rank - g->step - 2, g->size);
+			rc = MPI_Reduce_local(g->send + (size_t)(recvBlock * g->block + g->offset) * g->elem, g->dst,
+				(int)g->count, g->type, g->op);
+			if (rc != MPI_SUCCESS) {
+				return rc;
+			}
+			if (++g->step == g->size - 1) {
+				g->step = 0;
+				g->offset += g->piece;
+				if (g->offset >= g->block) {
+					goaccel_ring_free(g);
+					*flag = 1;
+					return MPI_SUCCESS;
+				}
+			}
+			rc = goaccel_ring_post(g);
+			if (rc != MPI_SUCCESS) {
 				return rc;
 			}
 		}
@@ -413,6 +564,8 @@ type engine struct {
 	pollBudget time.Duration
 	comm       C.MPI_Comm // our duplicate of MPI_COMM_WORLD
 	notices    C.MPI_Comm // another duplicate, for notices
+	rings      C.MPI_Comm // another duplicate, for the point-to-point messages of goaccel's own collectives
+	ringTags   int        // rings started so far: the next ring's tag, modulo ringTagLimit
 	rank, size int
 	closed     bool
 	// sends are the notices sent and their buffers (C memory, which MPI reads until the send completes).
@@ -461,6 +614,9 @@ func (e *engine) setUp() error {
 	if err := check("MPI_Comm_dup", C.MPI_Comm_dup(world, &e.notices)); err != nil {
 		return err
 	}
+	if err := check("MPI_Comm_dup", C.MPI_Comm_dup(world, &e.rings)); err != nil {
+		return err
+	}
 	var rank, size C.int
 	if err := check("MPI_Comm_rank", C.MPI_Comm_rank(e.comm, &rank)); err != nil {
 		return err
@@ -479,7 +635,8 @@ func (e *engine) Size() int { return e.size }
 type request struct {
 	eng    *engine
 	call   string
-	handle *C.MPI_Request // C memory: MPI writes the request's completion into it asynchronously
+	handle *C.MPI_Request  // C memory: MPI writes the request's completion into it asynchronously
+	ring   *C.goaccel_ring // instead of handle: a collective goaccel runs as point-to-point messages
 	pinner runtime.Pinner
 	done   bool
 	err    error
@@ -487,21 +644,11 @@ type request struct {
 
 // start pins the buffers, allocates the request handle and calls startFn. Call it with mpiMu held.
 func (e *engine) start(call string, startFn func(handle *C.MPI_Request) C.int, bufs ...backends.Buffer) (backends.Request, error) {
-	if e.closed {
-		return nil, backends.ErrClosed
-	}
-	for _, b := range bufs {
-		if b.Len > math.MaxInt32 {
-			return nil, fmt.Errorf("mpi: %s of %d elements exceeds MPI's int count limit (%d); split the buffer",
-				call, b.Len, math.MaxInt32)
-		}
+	if err := e.checkStart(call, bufs); err != nil {
+		return nil, err
 	}
 	r := &request{eng: e, call: call, handle: (*C.MPI_Request)(C.malloc(C.sizeof_MPI_Request))}
-	for _, b := range bufs {
-		if b.Ptr != nil {
-			r.pinner.Pin(b.Ptr)
-		}
-	}
+	r.pin(bufs)
 	if err := check(call, startFn(r.handle)); err != nil {
 		// MPI did not take the request, so it holds no reference to the buffers.
 		r.pinner.Unpin()
@@ -510,6 +657,29 @@ func (e *engine) start(call string, startFn func(handle *C.MPI_Request) C.int, b
 	}
 	inflight[r] = struct{}{}
 	return r, nil
+}
+
+// checkStart refuses a collective on a closed engine or on a buffer longer than MPI's counts reach.
+func (e *engine) checkStart(call string, bufs []backends.Buffer) error {
+	if e.closed {
+		return backends.ErrClosed
+	}
+	for _, b := range bufs {
+		if b.Len > math.MaxInt32 {
+			return fmt.Errorf("mpi: %s of %d elements exceeds MPI's int count limit (%d); split the buffer",
+				call, b.Len, math.MaxInt32)
+		}
+	}
+	return nil
+}
+
+// pin keeps the buffers where MPI was told they are until the request completes.
+func (r *request) pin(bufs []backends.Buffer) {
+	for _, b := range bufs {
+		if b.Ptr != nil {
+			r.pinner.Pin(b.Ptr)
+		}
+	}
 }
 
 // Test progresses MPI and reports whether the request completed.
@@ -526,7 +696,13 @@ func (r *request) test(budget time.Duration) (bool, error) {
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	var flag C.int
-	if err := check("MPI_Test", C.goaccel_test(r.handle, &flag, C.longlong(budget.Nanoseconds()))); err != nil {
+	var rc C.int
+	if r.ring != nil {
+		rc = C.goaccel_ring_test(r.ring, &flag, C.longlong(budget.Nanoseconds()))
+	} else {
+		rc = C.goaccel_test(r.handle, &flag, C.longlong(budget.Nanoseconds()))
+	}
+	if err := check("MPI_Test", rc); err != nil {
 		// The request's state is unknown, so its buffers stay pinned and listed in inflight.
 		r.done, r.err = true, fmt.Errorf("%s: %w", r.call, err)
 		return true, r.err
@@ -537,8 +713,12 @@ func (r *request) test(budget time.Duration) (bool, error) {
 	r.done = true
 	delete(inflight, r)
 	r.pinner.Unpin()
-	C.free(unsafe.Pointer(r.handle))
-	r.handle = nil
+	if r.ring != nil {
+		r.ring = nil // goaccel_ring_test freed it on completion
+	} else {
+		C.free(unsafe.Pointer(r.handle))
+		r.handle = nil
+	}
 	return true, nil
 }
 
@@ -557,9 +737,40 @@ func (e *engine) StartReduceScatterSum(send, recv backends.Buffer) (backends.Req
 	}
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
-	return e.start("MPI_Ireduce_scatter_block", func(h *C.MPI_Request) C.int {
-		return C.goaccel_ireduce_scatter_sum(send.Ptr, recv.Ptr, C.int(recv.Len), C.int(recv.Kind), e.comm, h)
+	// Rings started in the same order on every rank (as every collective is) get the same tag, and the rings
+	// in flight at once get different ones, so their messages never match each other's.
+	tag := e.ringTags % ringTagLimit
+	e.ringTags++
+	return e.startRing("reduce-scatter (MPI_Isend/MPI_Irecv ring)", func(ring **C.goaccel_ring) C.int {
+		return C.goaccel_ring_start(send.Ptr, recv.Ptr, C.longlong(recv.Len), C.int(recv.Kind), C.int(tag), e.rings, ring)
 	}, send, recv)
+}
+
+// ringTagLimit bounds the rings' tags: MPI guarantees tags up to 32767.
+const ringTagLimit = 32768
+
+// startRing is start for a collective goaccel runs itself as point-to-point messages (a goaccel_ring): it
+// pins the buffers and starts the ring. Call it with mpiMu held.
+func (e *engine) startRing(call string, startFn func(ring **C.goaccel_ring) C.int, bufs ...backends.Buffer) (backends.Request, error) {
+	if err := e.checkStart(call, bufs); err != nil {
+		return nil, err
+	}
+	r := &request{eng: e, call: call}
+	r.pin(bufs)
+	var ring *C.goaccel_ring // C memory; the address of a field of r would be Go memory holding Go pointers
+	if err := check(call, startFn(&ring)); err != nil {
+		r.pinner.Unpin()
+		return nil, err
+	}
+	r.ring = ring
+	if ring == nil {
+		// Nothing to exchange: the result is already in place.
+		r.pinner.Unpin()
+		r.done = true
+		return r, nil
+	}
+	inflight[r] = struct{}{}
+	return r, nil
 }
 
 func (e *engine) StartBroadcast(b backends.Buffer, root int) (backends.Request, error) {
@@ -695,6 +906,9 @@ func (e *engine) Close() error {
 	}
 	e.sends = nil
 	if ferr := check("MPI_Comm_free", C.MPI_Comm_free(&e.notices)); err == nil {
+		err = ferr
+	}
+	if ferr := check("MPI_Comm_free", C.MPI_Comm_free(&e.rings)); err == nil {
 		err = ferr
 	}
 	if ferr := check("MPI_Comm_free", C.MPI_Comm_free(&e.comm)); err == nil {
