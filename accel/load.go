@@ -20,6 +20,7 @@ import (
 
 	"github.com/goaccel/goaccel/accumulate"
 	"github.com/goaccel/goaccel/checkpoint"
+	"github.com/goaccel/goaccel/internal/heap"
 	"github.com/goaccel/goaccel/internal/replicas"
 	"github.com/goaccel/goaccel/prepare"
 	"github.com/goaccel/goaccel/userstate"
@@ -103,9 +104,13 @@ func (a *Accelerator) LoadState(dir string) error {
 	for _, note := range plan.notes {
 		a.Printf("accel: %s\n", note)
 	}
+	records := plan.state.LogRecords
+	// The payload every rank received and the values it replaced: a whole model's worth, freed now.
+	plan, payload = nil, nil
+	heap.Settle()
 	// The trackers' files are the main process's alone: a failure to rewrite one is its error, not a
 	// divergence of the ranks' training state.
-	return a.resumeTrackers(plan.state.LogRecords)
+	return a.resumeTrackers(records)
 }
 
 // encodeReadError is how the main process tells the others why it could not read a checkpoint: the text,

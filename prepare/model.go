@@ -22,6 +22,7 @@ import (
 	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/internal/blockstate"
 	"github.com/goaccel/goaccel/internal/bucketgraph"
+	"github.com/goaccel/goaccel/internal/heap"
 	"github.com/goaccel/goaccel/internal/replicas"
 )
 
@@ -240,6 +241,10 @@ func (m *Model) Materialize(batch Batch) (err error) {
 		m.materialized = false
 		return err
 	}
+	// What setting up left behind (each rank's own initial values, overwritten by rank 0's; sharded, the
+	// replicated copies the blocks were cut from) is a whole model's worth: freed now, the collector's
+	// goals follow what training keeps.
+	heap.Settle()
 	return nil
 }
 
