@@ -20,7 +20,7 @@ const module = "github.com/goaccel/goaccel/"
 var layers = [][]string{
 	// 0: helpers below everything, the data formats and the release.
 	{"internal/floats", "internal/half", "internal/vec32", "internal/classlabels", "internal/jobenv", "version",
-		"checkpoint", "datasets/idx", "internal/traceevent"},
+		"checkpoint", "datasets/idx", "internal/traceevent", "internal/heap"},
 	// 1: the demo's data.
 	{"datasets/fashionmnist"},
 	// 2: collectives, and the compute backend with its kernels.
