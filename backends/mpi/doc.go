@@ -24,18 +24,19 @@
 // last engine is closed; MPI cannot be initialised again afterwards. If something else in the process
 // initialised MPI first, the engine uses it and leaves finalisation to its owner.
 //
-// Each engine works on its own duplicate of MPI_COMM_WORLD whose error handler is MPI_ERRORS_RETURN, so an
-// MPI failure comes back as an *[Error] carrying MPI_Error_string's text instead of killing the job from
+// Each engine works on its own duplicates of MPI_COMM_WORLD (one for collectives, one for notices, one for
+// the reduce-scatter's ring), whose error handler is MPI_ERRORS_RETURN, so an MPI failure comes back as an *[Error] carrying MPI_Error_string's text instead of killing the job from
 // inside the library. Every collective is non-blocking (MPI_Iallreduce in place with MPI_SUM,
 // MPI_Ibcast, MPI_Iallgather, MPI_Ibarrier) and completes through MPI_Test, which is what lets
 // backends.Communicator bound each wait with its watchdog. Buffers are Go memory that MPI keeps using after
 // the call returns, so they are pinned with runtime.Pinner until MPI_Test reports completion.
 //
 // The reduce-scatter is the exception: the engine runs it itself, as a ring of MPI_Isend and MPI_Irecv on
-// a communicator of its own that the same polling progresses. Open MPI's MPI_Ireduce_scatter_block
-// reduces the whole buffer on rank 0 and mallocs two copies of it on every rank; the ring sends (N-1)/N of
-// the buffer from each rank and holds two pieces of at most 4 MiB (docs/notes.md, Note [Reduce-scatter as
-// a ring]).
+// a communicator of its own. Open MPI's MPI_Ireduce_scatter_block reduces the whole buffer on rank 0 and
+// mallocs two copies of it on every rank; the ring sends (N-1)/N of the buffer from each rank and holds at
+// most two 4 MiB pieces of partial sums per reduce-scatter in flight. Every poll of any request advances
+// every ring in flight, as MPI advances its own collectives in any call, so ranks may wait for their
+// requests in different orders (docs/notes.md, Note [Reduce-scatter as a ring]).
 //
 // Sums of uint8 buffers use a user-defined MPI operation rather than MPI_SUM: Open MPI 4.1's AVX reduction
 // kernels add 8-bit integers with saturating instructions, so a long enough MPI_UINT8_T sum comes back as

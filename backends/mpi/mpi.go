@@ -209,11 +209,13 @@ static int goaccel_iallgather(void *send, void *recv, int count, int kind, MPI_C
 	return MPI_Iallgather(goaccel_buf(send), count, t, goaccel_buf(recv), count, t, comm, req);
 }
 
+static void goaccel_rings_progress(void);
+
 // goaccel_test polls a request in C for up to budget_ns, at least 64 times: non-blocking collectives
 // progress only inside MPI calls, and a C loop drives them at MPI_Wait's cadence, where a return to Go
 // between polls leaves the peers' messages waiting (docs/notes.md, Note [MPI polling in C]). The bound keeps
 // each call short, so Go's wait loop, its watchdog and its peer checks still run: they work at
-// milliseconds to minutes.
+// milliseconds to minutes. Every poll also advances goaccel's own rings (below), which MPI does not.
 static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
 	struct timespec start, now;
 	clock_gettime(CLOCK_MONOTONIC, &start);
@@ -223,6 +225,7 @@ static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
 			if (rc != MPI_SUCCESS || *flag) {
 				return rc;
 			}
+			goaccel_rings_progress();
 		}
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		long long elapsed = (long long)(now.tv_sec - start.tv_sec) * 1000000000LL + (now.tv_nsec - start.tv_nsec);
@@ -234,18 +237,23 @@ static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
 
 // A reduce-scatter as a ring of point-to-point messages. Open MPI's MPI_Ireduce_scatter_block (libnbc)
 // reduces the whole buffer to rank 0 along a binomial tree and scatters it from there: every rank mallocs
-// two buffers the size of the whole send buffer, and rank 0 receives and sends N times a block. The ring
-// moves (N-1)/N of the buffer out of every rank, like the all-reduce's first half, and needs two pieces of
-// at most goaccel_ring_piece_bytes (docs/notes.md, Note [Reduce-scatter as a ring]).
+// two buffers the size of the whole send buffer while it runs. The ring moves (N-1)/N of the buffer out of
+// every rank, like the all-reduce's first half, and holds at most two pieces of goaccel_ring_piece_bytes
+// per reduce-scatter in flight (docs/notes.md, Note [Reduce-scatter as a ring]).
 //
 // Rank r's step s (0 <= s <= N-2) sends its partial sum of block (r-s-1) mod N to rank r+1 and receives
 // rank r-1's partial sum of block (r-s-2) mod N, to which it adds its own part; after the last step that is
 // block r, summed over every rank. Blocks are cut into pieces, each its own run of N-1 steps, so that the
 // partial sums in flight stay small whatever the bucket's size. Each block is summed in one fixed order,
 // (((x[b+1] + x[b+2]) + x[b+3]) + ...) + x[b], on every run.
+//
+// MPI progresses its own non-blocking collectives inside any MPI call; a ring moves only when goaccel
+// posts its next step. So every live ring is advanced from every poll of any request (goaccel_test and
+// goaccel_ring_test), and ranks may wait for their requests in different orders, as MPI allows. Calls hold
+// the engine's global mutex, which guards the list too.
 enum { goaccel_ring_piece_bytes = 4 << 20 };
 
-typedef struct {
+typedef struct goaccel_ring {
 	MPI_Comm comm;
 	MPI_Datatype type;
 	MPI_Op op;
@@ -261,11 +269,28 @@ typedef struct {
 	MPI_Request reqs[2];  // the current step's send and receive
 	char *dst;            // where the current step receives
 	long long count;      // elements in the current piece
+	int done;             // this rank's block is complete
+	int rc;               // the error that stopped the ring (MPI_SUCCESS while it runs)
+	const char *failed;   // the MPI call that returned rc
+	struct goaccel_ring *next; // the list of live rings
 } goaccel_ring;
+
+// goaccel_live_rings lists the rings started and not yet collected by their request's test.
+static goaccel_ring *goaccel_live_rings;
 
 static long long goaccel_mod(long long a, long long n) { return ((a % n) + n) % n; }
 
-// goaccel_ring_post starts the current step's send and receive.
+static void goaccel_ring_unlink(goaccel_ring *g) {
+	for (goaccel_ring **p = &goaccel_live_rings; *p; p = &(*p)->next) {
+		if (*p == g) {
+			*p = g->next;
+			return;
+		}
+	}
+}
+
+// goaccel_ring_post starts the current step's send and receive. When the send cannot start, the receive
+// is cancelled and completed, so that no operation of the ring is left pending.
 static int goaccel_ring_post(goaccel_ring *g) {
 	long long rest = g->block - g->offset;
 	g->count = rest < g->piece ? rest : g->piece;
@@ -275,9 +300,16 @@ static int goaccel_ring_post(goaccel_ring *g) {
 	g->dst = g->step == g->size - 2 ? g->recv + (size_t)g->offset * g->elem : g->partial[g->step & 1];
 	int rc = MPI_Irecv(g->dst, (int)g->count, g->type, (int)goaccel_mod(g->rank - 1, g->size), g->tag, g->comm, &g->reqs[1]);
 	if (rc != MPI_SUCCESS) {
+		g->failed = "MPI_Irecv";
 		return rc;
 	}
-	return MPI_Isend(src, (int)g->count, g->type, (g->rank + 1) % g->size, g->tag, g->comm, &g->reqs[0]);
+	rc = MPI_Isend(src, (int)g->count, g->type, (g->rank + 1) % g->size, g->tag, g->comm, &g->reqs[0]);
+	if (rc != MPI_SUCCESS) {
+		g->failed = "MPI_Isend";
+		MPI_Cancel(&g->reqs[1]);
+		MPI_Wait(&g->reqs[1], MPI_STATUS_IGNORE);
+	}
+	return rc;
 }
 
 static void goaccel_ring_free(goaccel_ring *g) {
@@ -286,17 +318,61 @@ static void goaccel_ring_free(goaccel_ring *g) {
 	free(g);
 }
 
+// goaccel_ring_advance tests g's current step once and, when both its messages are done, adds this rank's
+// part and posts the next step. An error stops the ring, recorded in g->rc.
+static void goaccel_ring_advance(goaccel_ring *g) {
+	if (g->done || g->rc != MPI_SUCCESS) {
+		return;
+	}
+	int complete;
+	int rc = MPI_Testall(2, g->reqs, &complete, MPI_STATUSES_IGNORE);
+	if (rc != MPI_SUCCESS) {
+		g->rc = rc;
+		g->failed = "MPI_Testall";
+		return;
+	}
+	if (!complete) {
+		return;
+	}
+	long long recvBlock = goaccel_mod(g->rank - g->step - 2, g->size);
+	rc = MPI_Reduce_local(g->send + (size_t)(recvBlock * g->block + g->offset) * g->elem, g->dst,
+		(int)g->count, g->type, g->op);
+	if (rc != MPI_SUCCESS) {
+		g->rc = rc;
+		g->failed = "MPI_Reduce_local";
+		return;
+	}
+	if (++g->step == g->size - 1) {
+		g->step = 0;
+		g->offset += g->piece;
+		if (g->offset >= g->block) {
+			g->done = 1;
+			return;
+		}
+	}
+	g->rc = goaccel_ring_post(g);
+}
+
+static void goaccel_rings_progress(void) {
+	for (goaccel_ring *g = goaccel_live_rings; g; g = g->next) {
+		goaccel_ring_advance(g);
+	}
+}
+
 // goaccel_ring_start allocates a ring and posts its first step; *out is NULL when there is nothing to
-// exchange (one rank, or empty blocks), the result already in recv.
+// exchange (one rank, or empty blocks), the result already in recv. On an error *failed names the MPI call,
+// and nothing of the ring is left pending.
 static int goaccel_ring_start(void *send, void *recv, long long block, int kind, int tag, MPI_Comm comm,
-		goaccel_ring **out) {
+		goaccel_ring **out, const char **failed) {
 	*out = NULL;
+	*failed = "MPI_Comm_size";
 	int rank, size, elem;
 	int rc = MPI_Comm_rank(comm, &rank);
 	if (rc == MPI_SUCCESS) {
 		rc = MPI_Comm_size(comm, &size);
 	}
 	if (rc == MPI_SUCCESS) {
+		*failed = "MPI_Type_size";
 		rc = MPI_Type_size(goaccel_datatype(kind), &elem);
 	}
 	if (rc != MPI_SUCCESS) {
@@ -309,6 +385,7 @@ static int goaccel_ring_start(void *send, void *recv, long long block, int kind,
 		memcpy(recv, send, (size_t)block * elem);
 		return MPI_SUCCESS;
 	}
+	*failed = "malloc";
 	goaccel_ring *g = calloc(1, sizeof(goaccel_ring));
 	if (g == NULL) {
 		return MPI_ERR_NO_MEM;
@@ -327,6 +404,7 @@ static int goaccel_ring_start(void *send, void *recv, long long block, int kind,
 	if (g->piece > block) {
 		g->piece = block;
 	}
+	// Step s receives into partial[s & 1] except the last (into recv): N = 3 needs one, N > 3 two.
 	if (size > 2) {
 		g->partial[0] = malloc((size_t)g->piece * elem);
 		g->partial[1] = size > 3 ? malloc((size_t)g->piece * elem) : NULL;
@@ -337,47 +415,35 @@ static int goaccel_ring_start(void *send, void *recv, long long block, int kind,
 	}
 	rc = goaccel_ring_post(g);
 	if (rc != MPI_SUCCESS) {
-		// A receive may be posted; the ring is leaked rather than freed under it (the job ends on this error).
+		*failed = g->failed;
+		goaccel_ring_free(g);
 		return rc;
 	}
+	g->next = goaccel_live_rings;
+	goaccel_live_rings = g;
 	*out = g;
 	return MPI_SUCCESS;
 }
 
-// goaccel_ring_test progresses the ring as goaccel_test progresses a request: for up to budget_ns, at
-// least 64 polls. *flag is set once this rank's block is complete; the ring is then freed.
+// goaccel_ring_test progresses every live ring as goaccel_test progresses a request: for up to
+// budget_ns, at least 64 polls. *flag is set once this rank's block of g is complete; g is then freed. A
+// ring stopped by an error is taken off the list but not freed: MPI may still hold its buffers.
 static int goaccel_ring_test(goaccel_ring *g, int *flag, long long budget_ns) {
 	struct timespec start, now;
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	*flag = 0;
 	for (;;) {
 		for (int i = 0; i < 64; i++) {
-			int done;
-			int rc = MPI_Testall(2, g->reqs, &done, MPI_STATUSES_IGNORE);
-			if (rc != MPI_SUCCESS) {
-				return rc;
+			goaccel_rings_progress();
+			if (g->rc != MPI_SUCCESS) {
+				goaccel_ring_unlink(g);
+				return g->rc;
 			}
-			if (!done) {
-				continue;
-			}
-			long long recvBlock = goaccel_mod(g->rank - g->step - 2, g->size);
-			rc = MPI_Reduce_local(g->send + (size_t)(recvBlock * g->block + g->offset) * g->elem, g->dst,
-				(int)g->count, g->type, g->op);
-			if (rc != MPI_SUCCESS) {
-				return rc;
-			}
-			if (++g->step == g->size - 1) {
-				g->step = 0;
-				g->offset += g->piece;
-				if (g->offset >= g->block) {
-					goaccel_ring_free(g);
-					*flag = 1;
-					return MPI_SUCCESS;
-				}
-			}
-			rc = goaccel_ring_post(g);
-			if (rc != MPI_SUCCESS) {
-				return rc;
+			if (g->done) {
+				goaccel_ring_unlink(g);
+				goaccel_ring_free(g);
+				*flag = 1;
+				return MPI_SUCCESS;
 			}
 		}
 		clock_gettime(CLOCK_MONOTONIC, &now);
@@ -386,6 +452,15 @@ static int goaccel_ring_test(goaccel_ring *g, int *flag, long long budget_ns) {
 			return MPI_SUCCESS;
 		}
 	}
+}
+
+// goaccel_tag_ub is the largest tag the communicator allows (at least 32767).
+static int goaccel_tag_ub(MPI_Comm comm) {
+	int *ub, flag;
+	if (MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag) != MPI_SUCCESS || !flag) {
+		return 32767;
+	}
+	return *ub;
 }
 
 static int goaccel_abort(int code) { return MPI_Abort(MPI_COMM_WORLD, code); }
@@ -565,9 +640,10 @@ type engine struct {
 	comm       C.MPI_Comm // our duplicate of MPI_COMM_WORLD
 	notices    C.MPI_Comm // another duplicate, for notices
 	rings      C.MPI_Comm // another duplicate, for the point-to-point messages of goaccel's own collectives
-	ringTags   int        // rings started so far: the next ring's tag, modulo ringTagLimit
-	rank, size int
-	closed     bool
+	// ringTags counts the rings started: the next ring's tag, modulo ringTagLimit (MPI_TAG_UB + 1).
+	ringTags, ringTagLimit int
+	rank, size             int
+	closed                 bool
 	// sends are the notices sent and their buffers (C memory, which MPI reads until the send completes).
 	sends []noticeSend
 }
@@ -617,6 +693,7 @@ func (e *engine) setUp() error {
 	if err := check("MPI_Comm_dup", C.MPI_Comm_dup(world, &e.rings)); err != nil {
 		return err
 	}
+	e.ringTagLimit = int(C.goaccel_tag_ub(e.rings)) + 1
 	var rank, size C.int
 	if err := check("MPI_Comm_rank", C.MPI_Comm_rank(e.comm, &rank)); err != nil {
 		return err
@@ -696,13 +773,17 @@ func (r *request) test(budget time.Duration) (bool, error) {
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
 	var flag C.int
+	call := "MPI_Test"
 	var rc C.int
 	if r.ring != nil {
 		rc = C.goaccel_ring_test(r.ring, &flag, C.longlong(budget.Nanoseconds()))
+		if rc != C.MPI_SUCCESS && r.ring.failed != nil {
+			call = C.GoString(r.ring.failed)
+		}
 	} else {
 		rc = C.goaccel_test(r.handle, &flag, C.longlong(budget.Nanoseconds()))
 	}
-	if err := check("MPI_Test", rc); err != nil {
+	if err := check(call, rc); err != nil {
 		// The request's state is unknown, so its buffers stay pinned and listed in inflight.
 		r.done, r.err = true, fmt.Errorf("%s: %w", r.call, err)
 		return true, r.err
@@ -737,30 +818,33 @@ func (e *engine) StartReduceScatterSum(send, recv backends.Buffer) (backends.Req
 	}
 	mpiMu.Lock()
 	defer mpiMu.Unlock()
-	// Rings started in the same order on every rank (as every collective is) get the same tag, and the rings
-	// in flight at once get different ones, so their messages never match each other's.
-	tag := e.ringTags % ringTagLimit
+	// Rings started in the same order on every rank (as every collective is) get the same tag, and rings in
+	// flight at once get different ones, so their messages never match each other's: the tags go round
+	// MPI_TAG_UB (2^31 − 1 in Open MPI), far more rings than a neighbour can lag behind.
+	tag := e.ringTags % e.ringTagLimit
 	e.ringTags++
-	return e.startRing("reduce-scatter (MPI_Isend/MPI_Irecv ring)", func(ring **C.goaccel_ring) C.int {
-		return C.goaccel_ring_start(send.Ptr, recv.Ptr, C.longlong(recv.Len), C.int(recv.Kind), C.int(tag), e.rings, ring)
+	return e.startRing("reduce-scatter", func(ring **C.goaccel_ring, failed **C.char) C.int {
+		return C.goaccel_ring_start(send.Ptr, recv.Ptr, C.longlong(recv.Len), C.int(recv.Kind), C.int(tag), e.rings,
+			ring, failed)
 	}, send, recv)
 }
 
-// ringTagLimit bounds the rings' tags: MPI guarantees tags up to 32767.
-const ringTagLimit = 32768
-
 // startRing is start for a collective goaccel runs itself as point-to-point messages (a goaccel_ring): it
 // pins the buffers and starts the ring. Call it with mpiMu held.
-func (e *engine) startRing(call string, startFn func(ring **C.goaccel_ring) C.int, bufs ...backends.Buffer) (backends.Request, error) {
+func (e *engine) startRing(call string, startFn func(ring **C.goaccel_ring, failed **C.char) C.int, bufs ...backends.Buffer) (backends.Request, error) {
 	if err := e.checkStart(call, bufs); err != nil {
 		return nil, err
 	}
 	r := &request{eng: e, call: call}
 	r.pin(bufs)
-	var ring *C.goaccel_ring // C memory; the address of a field of r would be Go memory holding Go pointers
-	if err := check(call, startFn(&ring)); err != nil {
+	// C memory, both; the address of a field of r would be Go memory holding Go pointers.
+	var ring *C.goaccel_ring
+	var failed *C.char
+	if rc := startFn(&ring, &failed); rc != C.MPI_SUCCESS {
+		// Nothing of the ring is pending (goaccel_ring_start cancels what it posted), so MPI holds no
+		// reference to the buffers.
 		r.pinner.Unpin()
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", call, check(C.GoString(failed), rc))
 	}
 	r.ring = ring
 	if ring == nil {
