@@ -247,6 +247,21 @@ func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Commun
 		return nil, fmt.Errorf("backends: engine %q sees rank %d of %d but the launcher's environment (%s) says "+
 			"rank %d of %d", engineName, c.Rank(), c.Size(), topo.Source, topo.Rank, topo.WorldSize)
 	}
+	if c.Size() > 1 {
+		// The launcher's count of ranks per node misses nodes that share a kernel (containers, emulated hosts).
+		// Every rank gathers, whatever its own topology says: a collective all ranks must join.
+		shared, err := kernelOversubscribed(engine)
+		if err != nil {
+			_ = engine.Close()
+			return nil, fmt.Errorf("backends: opening engine %q: comparing the ranks' machines: %w", engineName, err)
+		}
+		if shared {
+			c.polling = pollYieldingThreads
+			if o, ok := engine.(oversubscribable); ok {
+				o.SetOversubscribed()
+			}
+		}
+	}
 	return c, nil
 }
 

@@ -1,0 +1,125 @@
+package backends
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Ranks that share a kernel share its processors, whatever the launcher's hosts say: containers, or the
+// network namespaces of an emulated cluster, each look like a node of their own to mpirun, which then
+// counts one rank per node and never calls the job oversubscribed. Open finds them by the kernel's boot id,
+// which every namespace and container on one kernel reads alike, and compares their number with the
+// processors their affinity masks allow between them (cpusets that split a machine keep ranks apart).
+
+// maskWords bounds the processors compared: 64 × 16 = 1,024.
+const maskWords = 16
+
+// machineSlot is what each rank contributes: its kernel's boot id (two words) and its affinity mask.
+type machineSlot [2 + maskWords]uint64
+
+// localMachineSlot reads this process's kernel boot id and processor mask.
+func localMachineSlot() (machineSlot, error) {
+	var slot machineSlot
+	raw, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return slot, err
+	}
+	id := strings.ReplaceAll(strings.TrimSpace(string(raw)), "-", "")
+	if len(id) != 32 {
+		return slot, fmt.Errorf("backends: unexpected boot id %q", id)
+	}
+	b, err := hex.DecodeString(id)
+	if err != nil || len(b) != 16 {
+		return slot, fmt.Errorf("backends: unexpected boot id %q", id)
+	}
+	slot[0], slot[1] = binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return slot, err
+	}
+	for cpu := range maskWords * 64 {
+		if set.IsSet(cpu) {
+			slot[2+cpu/64] |= 1 << (cpu % 64)
+		}
+	}
+	return slot, nil
+}
+
+// oversubscribedKernel reports whether the ranks on rank's kernel outnumber the processors their masks
+// allow between them, given every rank's slot.
+func oversubscribedKernel(slots []machineSlot, rank int) bool {
+	mine := slots[rank]
+	if mine[0] == 0 && mine[1] == 0 {
+		return false
+	}
+	var union [maskWords]uint64
+	ranks := 0
+	for _, s := range slots {
+		if s[0] != mine[0] || s[1] != mine[1] {
+			continue
+		}
+		ranks++
+		for i := range union {
+			union[i] |= s[2+i]
+		}
+	}
+	cpus := 0
+	for _, w := range union {
+		cpus += bits.OnesCount64(w)
+	}
+	return cpus > 0 && ranks > cpus
+}
+
+// kernelOversubscribed gathers every rank's slot through the engine (before any Communicator counts a
+// call) and reports whether this rank's kernel runs more ranks than it lets them use processors.
+func kernelOversubscribed(engine Engine) (bool, error) {
+	// Every rank takes part, even one that cannot read its machine (another operating system, a sandbox
+	// without /proc): it sends zeros, which match no kernel.
+	slot, _ := localMachineSlot()
+	// Int64 words: the element kind every engine moves.
+	send := make([]int64, len(slot))
+	for i, w := range slot {
+		send[i] = int64(w)
+	}
+	flat := make([]int64, len(slot)*engine.Size())
+	req, err := engine.StartAllGather(BufferOf(send), BufferOf(flat))
+	if err != nil {
+		return false, err
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		done, err := req.Test()
+		if err != nil {
+			return false, err
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			return false, errors.New("backends: the ranks did not all open the engine within 5 minutes")
+		}
+		runtime.Gosched()
+	}
+	all := make([]machineSlot, engine.Size())
+	for r := range all {
+		for i := range all[r] {
+			all[r][i] = uint64(flat[r*len(slot)+i])
+		}
+	}
+	return oversubscribedKernel(all, engine.Rank()), nil
+}
+
+// oversubscribable is an engine that polls differently when its ranks outnumber their processors: Open
+// tells it so when the launcher's topology did not (the mpi engine polls once per Test instead of spinning).
+type oversubscribable interface {
+	SetOversubscribed()
+}
