@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,8 +24,9 @@ import (
 // maskWords bounds the processors compared: 64 × 16 = 1,024.
 const maskWords = 16
 
-// machineSlot is what each rank contributes: its kernel's boot id (two words) and its affinity mask.
-type machineSlot [2 + maskWords]uint64
+// machineSlot is what each rank contributes: its kernel's boot id (two words) and its affinity mask, in
+// int64 words, the element kind every engine moves.
+type machineSlot [2 + maskWords]int64
 
 // localMachineSlot reads this process's kernel boot id and processor mask.
 func localMachineSlot() (machineSlot, error) {
@@ -41,7 +43,7 @@ func localMachineSlot() (machineSlot, error) {
 	if err != nil || len(b) != 16 {
 		return slot, fmt.Errorf("backends: unexpected boot id %q", id)
 	}
-	slot[0], slot[1] = binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
+	slot[0], slot[1] = int64(binary.LittleEndian.Uint64(b[:8])), int64(binary.LittleEndian.Uint64(b[8:]))
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		return slot, err
@@ -61,7 +63,7 @@ func oversubscribedKernel(slots []machineSlot, rank int) bool {
 	if mine[0] == 0 && mine[1] == 0 {
 		return false
 	}
-	var union [maskWords]uint64
+	var union [maskWords]int64
 	ranks := 0
 	for _, s := range slots {
 		if s[0] != mine[0] || s[1] != mine[1] {
@@ -74,7 +76,7 @@ func oversubscribedKernel(slots []machineSlot, rank int) bool {
 	}
 	cpus := 0
 	for _, w := range union {
-		cpus += bits.OnesCount64(w)
+		cpus += bits.OnesCount64(uint64(w))
 	}
 	return cpus > 0 && ranks > cpus
 }
@@ -85,13 +87,8 @@ func kernelOversubscribed(engine Engine) (bool, error) {
 	// Every rank takes part, even one that cannot read its machine (another operating system, a sandbox
 	// without /proc): it sends zeros, which match no kernel.
 	slot, _ := localMachineSlot()
-	// Int64 words: the element kind every engine moves.
-	send := make([]int64, len(slot))
-	for i, w := range slot {
-		send[i] = int64(w)
-	}
-	flat := make([]int64, len(slot)*engine.Size())
-	req, err := engine.StartAllGather(BufferOf(send), BufferOf(flat))
+	all := make([]machineSlot, engine.Size())
+	req, err := engine.StartAllGather(BufferOf(slot[:]), BufferOf(unsafe.Slice(&all[0][0], len(all)*len(slot))))
 	if err != nil {
 		return false, err
 	}
@@ -108,12 +105,6 @@ func kernelOversubscribed(engine Engine) (bool, error) {
 			return false, errors.New("backends: the ranks did not all open the engine within 5 minutes")
 		}
 		runtime.Gosched()
-	}
-	all := make([]machineSlot, engine.Size())
-	for r := range all {
-		for i := range all[r] {
-			all[r][i] = uint64(flat[r*len(slot)+i])
-		}
 	}
 	return oversubscribedKernel(all, engine.Rank()), nil
 }

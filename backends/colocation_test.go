@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func slotOf(boot uint64, cpus ...int) machineSlot {
+func slotOf(boot int64, cpus ...int) machineSlot {
 	s := machineSlot{boot, boot ^ 0x5a}
 	for _, c := range cpus {
 		s[2+c/64] |= 1 << (c % 64)

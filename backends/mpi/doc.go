@@ -25,8 +25,8 @@
 // initialised MPI first, the engine uses it and leaves finalisation to its owner.
 //
 // Each engine works on its own duplicates of MPI_COMM_WORLD (one for collectives, one for notices, one for
-// the reduce-scatter's ring), whose error handler is MPI_ERRORS_RETURN, so an MPI failure comes back as an *[Error] carrying MPI_Error_string's text instead of killing the job from
-// inside the library. Every collective is non-blocking (MPI_Iallreduce in place with MPI_SUM,
+// the reduce-scatter's ring), whose error handler is MPI_ERRORS_RETURN, so an MPI failure comes back as an
+// *[Error] carrying MPI_Error_string's text instead of killing the job from inside the library. Every collective is non-blocking (MPI_Iallreduce in place with MPI_SUM,
 // MPI_Ibcast, MPI_Iallgather, MPI_Ibarrier) and completes through MPI_Test, which is what lets
 // backends.Communicator bound each wait with its watchdog. Buffers are Go memory that MPI keeps using after
 // the call returns, so they are pinned with runtime.Pinner until MPI_Test reports completion.

@@ -211,21 +211,21 @@ static int goaccel_iallgather(void *send, void *recv, int count, int kind, MPI_C
 
 static void goaccel_rings_progress(void);
 
-// goaccel_test polls a request in C for up to budget_ns, at least 64 times: non-blocking collectives
-// progress only inside MPI calls, and a C loop drives them at MPI_Wait's cadence, where a return to Go
-// between polls leaves the peers' messages waiting (docs/notes.md, Note [MPI polling in C]). The bound keeps
-// each call short, so Go's wait loop, its watchdog and its peer checks still run: they work at
-// milliseconds to minutes. Every poll also advances goaccel's own rings (below), which MPI does not.
-static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
+// goaccel_poll calls once(arg, flag) until it sets *flag or fails, for up to budget_ns and at least 64
+// times: non-blocking collectives progress only inside MPI calls, and a C loop drives them at MPI_Wait's
+// cadence, where a return to Go between polls leaves the peers' messages waiting (docs/notes.md, Note [MPI
+// polling in C]). The bound keeps each call short, so Go's wait loop, its watchdog and its peer checks still
+// run: they work at milliseconds to minutes.
+static int goaccel_poll(int (*once)(void *, int *), void *arg, int *flag, long long budget_ns) {
 	struct timespec start, now;
 	clock_gettime(CLOCK_MONOTONIC, &start);
+	*flag = 0;
 	for (;;) {
 		for (int i = 0; i < 64; i++) {
-			int rc = MPI_Test(req, flag, MPI_STATUS_IGNORE);
+			int rc = once(arg, flag);
 			if (rc != MPI_SUCCESS || *flag) {
 				return rc;
 			}
-			goaccel_rings_progress();
 		}
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		long long elapsed = (long long)(now.tv_sec - start.tv_sec) * 1000000000LL + (now.tv_nsec - start.tv_nsec);
@@ -233,6 +233,21 @@ static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
 			return MPI_SUCCESS;
 		}
 	}
+}
+
+// goaccel_test_once tests an MPI request; every poll also advances goaccel's own rings (below), which MPI
+// does not.
+static int goaccel_test_once(void *req, int *flag) {
+	int rc = MPI_Test((MPI_Request *)req, flag, MPI_STATUS_IGNORE);
+	if (rc == MPI_SUCCESS && !*flag) {
+		goaccel_rings_progress();
+	}
+	return rc;
+}
+
+// goaccel_test polls an MPI request (goaccel_poll).
+static int goaccel_test(MPI_Request *req, int *flag, long long budget_ns) {
+	return goaccel_poll(goaccel_test_once, req, flag, budget_ns);
 }
 
 // A reduce-scatter as a ring of point-to-point messages. Open MPI's MPI_Ireduce_scatter_block (libnbc)
@@ -425,33 +440,26 @@ static int goaccel_ring_start(void *send, void *recv, long long block, int kind,
 	return MPI_SUCCESS;
 }
 
-// goaccel_ring_test progresses every live ring as goaccel_test progresses a request: for up to
-// budget_ns, at least 64 polls. *flag is set once this rank's block of g is complete; g is then freed. A
-// ring stopped by an error is taken off the list but not freed: MPI may still hold its buffers.
-static int goaccel_ring_test(goaccel_ring *g, int *flag, long long budget_ns) {
-	struct timespec start, now;
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	*flag = 0;
-	for (;;) {
-		for (int i = 0; i < 64; i++) {
-			goaccel_rings_progress();
-			if (g->rc != MPI_SUCCESS) {
-				goaccel_ring_unlink(g);
-				return g->rc;
-			}
-			if (g->done) {
-				goaccel_ring_unlink(g);
-				goaccel_ring_free(g);
-				*flag = 1;
-				return MPI_SUCCESS;
-			}
-		}
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		long long elapsed = (long long)(now.tv_sec - start.tv_sec) * 1000000000LL + (now.tv_nsec - start.tv_nsec);
-		if (elapsed >= budget_ns) {
-			return MPI_SUCCESS;
-		}
+// goaccel_ring_once advances every live ring once and reports whether ring g is complete (it is then
+// freed). A ring stopped by an error is taken off the list but not freed: MPI may still hold its buffers.
+static int goaccel_ring_once(void *arg, int *flag) {
+	goaccel_ring *g = arg;
+	goaccel_rings_progress();
+	if (g->rc != MPI_SUCCESS) {
+		goaccel_ring_unlink(g);
+		return g->rc;
 	}
+	if (g->done) {
+		goaccel_ring_unlink(g);
+		goaccel_ring_free(g);
+		*flag = 1;
+	}
+	return MPI_SUCCESS;
+}
+
+// goaccel_ring_test polls ring g as goaccel_test polls a request (goaccel_poll).
+static int goaccel_ring_test(goaccel_ring *g, int *flag, long long budget_ns) {
+	return goaccel_poll(goaccel_ring_once, g, flag, budget_ns);
 }
 
 // goaccel_tag_ub is the largest tag the communicator allows (at least 32767).
