@@ -69,6 +69,7 @@ import (
 	"unsafe"
 
 	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 )
 
 // Built reports whether OpenBLAS is linked in (the `blas` build tag).
@@ -199,10 +200,5 @@ func forRowParts(g gemmShape, part func(m0, m1 int)) {
 		part(0, g.m)
 		return
 	}
-	var wg sync.WaitGroup
-	for w := 1; w < workers; w++ {
-		wg.Go(func() { part(g.m*w/workers, g.m*(w+1)/workers) })
-	}
-	part(0, g.m/workers)
-	wg.Wait()
+	threads.Split(workers, func(w int) { part(g.m*w/workers, g.m*(w+1)/workers) })
 }

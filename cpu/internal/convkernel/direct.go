@@ -70,8 +70,9 @@ func windowOf(p *convPlan) window {
 	return w
 }
 
-// parallelPadElements is the padded size from which padding is split over the compute threads.
-const parallelPadElements = 1 << 16
+// parallelPadElements is the padded size from which padding is split over the compute threads
+// (threads.Split).
+const parallelPadElements = 1 << 14
 
 // padded returns input ([outer][inHeight][inWidth][channels]) inside a zero border as the window reads it,
 // or input itself when there is no border.
@@ -107,12 +108,7 @@ func (w window) padded(input []float32, outer, channels int, pool *scratchPool[f
 	if workers <= 1 {
 		fill(0, outer)
 	} else {
-		var wg sync.WaitGroup
-		for worker := 1; worker < workers; worker++ {
-			wg.Go(func() { fill(outer*worker/workers, outer*(worker+1)/workers) })
-		}
-		fill(0, outer/workers)
-		wg.Wait()
+		threads.Split(workers, func(worker int) { fill(outer*worker/workers, outer*(worker+1)/workers) })
 	}
 	return padded, func() { pool.put(padded) }
 }

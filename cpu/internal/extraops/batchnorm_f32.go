@@ -2,7 +2,6 @@ package extraops
 
 import (
 	"math"
-	"sync"
 
 	"github.com/goaccel/goaccel/cpu/internal/threads"
 	"github.com/goaccel/goaccel/internal/vec32"
@@ -26,9 +25,9 @@ const (
 	// bnFlushChunks is how many chunks a float32 partial sum covers before it is added into float64: a
 	// segment of rows. Each lane then adds at most this many values in float32.
 	bnFlushChunks = 16
-	// bnParallelElements is the size below which one thread does the whole tensor: a second goroutine's
-	// hand-over costs more than it saves on less.
-	bnParallelElements = 1 << 16
+	// bnParallelElements is the size below which one thread does the whole tensor: the hand-over to a
+	// worker (threads.Split) costs more than it saves on less.
+	bnParallelElements = 1 << 14
 )
 
 // bnChunks describes how a channels-last tensor of rows × features is cut: chunks of chunkRows rows, and
@@ -95,12 +94,7 @@ func (c bnChunks) forSegments(fn func(segment, first, end int)) {
 		run(0)
 		return
 	}
-	var wg sync.WaitGroup
-	for w := 1; w < workers; w++ {
-		wg.Go(func() { run(w) })
-	}
-	run(0)
-	wg.Wait()
+	threads.Split(workers, run)
 }
 
 // forChunks calls fn with each chunk of rows first..end as the element range [from, to).

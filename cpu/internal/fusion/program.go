@@ -285,22 +285,21 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 	}
 	if workers > 1 {
 		// Each worker computes whole tiles in its own registers; the inputs are read, never written.
-		var wg sync.WaitGroup
-		for w := 1; w < workers; w++ {
+		threads.Split(workers, func(w int) {
+			if w == 0 {
+				runTiles(s, 0, tiles/workers)
+				return
+			}
 			ws := p.state()
 			copy(ws.floats, s.floats)
 			copy(ws.bools, s.bools)
 			copy(ws.scalars, s.scalars)
 			p.fillScalars(ws)
-			wg.Go(func() {
-				runTiles(ws, tiles*w/workers, tiles*(w+1)/workers)
-				clear(ws.floats)
-				clear(ws.bools)
-				p.states.Put(ws)
-			})
-		}
-		runTiles(s, 0, tiles/workers)
-		wg.Wait()
+			runTiles(ws, tiles*w/workers, tiles*(w+1)/workers)
+			clear(ws.floats)
+			clear(ws.bools)
+			p.states.Put(ws)
+		})
 	} else {
 		runTiles(s, 0, tiles)
 	}
@@ -309,9 +308,9 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 	return output, nil
 }
 
-// parallelElements is the output size from which a program's tiles are split over the compute threads:
-// below it a second goroutine's hand-over costs more than the split saves.
-const parallelElements = 1 << 16
+// parallelElements is the output size from which a program's tiles are split over the compute threads
+// (threads.Split): below it the hand-over to a worker costs more than the split saves.
+const parallelElements = 1 << 14
 
 // fillScalars sets the registers of the program's scalar leaves to their values, a tile long.
 func (p *program) fillScalars(s *runState) {

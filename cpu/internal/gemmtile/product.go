@@ -2,7 +2,8 @@ package gemmtile
 
 import (
 	"fmt"
-	"sync"
+
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 )
 
 // Product is C[r·LDC + j] = Σ_k A[RowStarts[r] + Offsets[k]] · B[k·LDB + j] for r < len(RowStarts) and
@@ -19,17 +20,17 @@ type Product struct {
 	LDC       int
 }
 
-// ParallelFlops is the work below which a product runs on one thread: a second one's start-up and
-// hand-over cost more than it saves (as for OpenBLAS, see package blas).
-const ParallelFlops = 64 << 20
+// ParallelFlops is the work below which a product runs on one thread: handing part of it to an awake
+// worker (threads.Split, a microsecond or two) costs more than it saves (as for OpenBLAS, see package blas).
+const ParallelFlops = 4 << 20
 
 // Run computes the product, its row tiles split among up to threads goroutines when it is large. Each tile
 // is computed by one goroutine, always in the same order, so the result does not depend on threads. It
 // panics when an element it would read lies outside A, B or C: the kernel itself does not check.
-func (p Product) Run(threads int) { p.run(threads, false) }
+func (p Product) Run(workers int) { p.run(workers, false) }
 
-// run is Run; split forces the split among threads whatever the size (for tests).
-func (p Product) run(threads int, split bool) {
+// run is Run; split forces the split among the workers whatever the size (for tests).
+func (p Product) run(maxWorkers int, split bool) {
 	rows := len(p.RowStarts)
 	if rows == 0 || p.N == 0 {
 		return
@@ -42,7 +43,7 @@ func (p Product) run(threads int, split bool) {
 	}
 	p.checkBounds()
 	tiles := (rows + Rows - 1) / Rows
-	workers := min(threads, tiles)
+	workers := min(maxWorkers, tiles)
 	if 2*float64(rows)*float64(p.N)*float64(len(p.Offsets)) < ParallelFlops && !split {
 		workers = 1
 	}
@@ -50,12 +51,7 @@ func (p Product) run(threads int, split bool) {
 		p.tiles(0, tiles)
 		return
 	}
-	var wg sync.WaitGroup
-	for w := range workers {
-		first, end := tiles*w/workers, tiles*(w+1)/workers
-		wg.Go(func() { p.tiles(first, end) })
-	}
-	wg.Wait()
+	threads.Split(workers, func(w int) { p.tiles(tiles*w/workers, tiles*(w+1)/workers) })
 }
 
 func (p Product) checkBounds() {

@@ -1,6 +1,7 @@
-// Package threads holds the number of compute threads this process may use for one operation: its share
-// of the node's cores, which cpu.New sets from the ranks on the node (the kernels in Go split large
-// products over that many goroutines; OpenBLAS gets the same count through package blas).
+// Package threads holds the number of compute threads this process may use for one operation (its share
+// of the node's cores, which cpu.New sets from the ranks on the node) and the workers that operations are
+// split over (Split): the kernels in Go split large products, element-wise programs, batch normalization
+// and padding into that many parts, and package blas splits OpenBLAS's products the same way.
 package threads
 
 import (
