@@ -1,6 +1,6 @@
 // Package gemmtile holds the float32 matrix-multiply micro-kernel that goaccel's convolutions (and, without
 // OpenBLAS or where OpenBLAS runs a 256-bit core on a processor with AVX-512, its matrix products) run on:
-// one call computes a tile of 6 rows × 16 (or 8) columns, or 64 (or 32) with AVX-512, of
+// one call computes a tile of 6 rows × 16 (or 8) columns, or 64, 32 or 16 with AVX-512, of
 //
 //	C[i][j] (+)= Σ_k A_i[offsets[k]] · B[k·ldb + j]
 //
@@ -57,6 +57,10 @@ func Tile(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []float
 				return
 			}
 		case 16:
+			if wide {
+				tile6x16wide(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
+				return
+			}
 			tile6x16(&c[0], ldc, rows, offs, len(offsets), unsafe.SliceData(b), ldb, acc)
 			return
 		case 8:

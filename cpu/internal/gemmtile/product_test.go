@@ -77,7 +77,7 @@ func TestWideTilesMatchNarrow(t *testing.T) {
 	}
 	t.Cleanup(func() { wide = true })
 	rng := rand.New(rand.NewPCG(13, 14))
-	for _, size := range [][3]int{{6, 64, 5}, {13, 100, 37}, {64, 32, 64}, {130, 200, 129}, {7, 72, 300}} {
+	for _, size := range [][3]int{{6, 64, 5}, {13, 100, 37}, {64, 32, 64}, {130, 200, 129}, {7, 72, 300}, {19, 16, 41}, {12, 48, 9}} {
 		for _, transA := range []bool{false, true} {
 			m, n, k := size[0], size[1], size[2]
 			a, b := make([]float32, m*k), make([]float32, k*n)

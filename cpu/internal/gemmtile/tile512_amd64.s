@@ -7,7 +7,7 @@
 // The AVX-512 tiles: the same sums as tile6x16, over 32 or 64 columns, for processors whose FMA units are
 // 512 bits wide. Registers as in tile_amd64.s: A's six row pointers in R8..R13, offsets at BX, k in CX, B's
 // row at SI (DI = ldb·4), C at DX. Accumulators Z0..Z23 (row i: Z(4i)..Z(4i+3)) for width 64, Z0..Z11 (row
-// i: Z(2i), Z(2i+1)) for width 32; B's vectors in Z24..Z27; broadcasts alternate between Z28 and Z29.
+// i: Z(2i), Z(2i+1)) for width 32, Z0..Z5 for width 16; B's vectors in Z24..Z27; broadcasts alternate between Z28 and Z29.
 
 // func tile6x64(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)
 TEXT ·tile6x64(SB), NOSPLIT, $0-64
@@ -297,6 +297,90 @@ write32:
 	ADDQ R8, DX
 	VMOVUPS Z10, (DX)
 	VMOVUPS Z11, 64(DX)
+	ADDQ R8, DX
+	VZEROUPPER
+	RET
+
+// func tile6x16wide(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)
+TEXT ·tile6x16wide(SB), NOSPLIT, $0-64
+	MOVQ rows+16(FP), AX
+	MOVQ 0(AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ 40(AX), R13
+	MOVQ offsets+24(FP), BX
+	MOVQ k+32(FP), CX
+	MOVQ b+40(FP), SI
+	MOVQ ldb+48(FP), DI
+	SHLQ $2, DI
+	MOVQ c+0(FP), DX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	TESTQ CX, CX
+	JZ store16
+loop16:
+	MOVLQSX (BX), AX
+	VMOVUPS (SI), Z24
+	VBROADCASTSS (R8)(AX*4), Z28
+	VFMADD231PS Z24, Z28, Z0
+	VBROADCASTSS (R9)(AX*4), Z29
+	VFMADD231PS Z24, Z29, Z1
+	VBROADCASTSS (R10)(AX*4), Z28
+	VFMADD231PS Z24, Z28, Z2
+	VBROADCASTSS (R11)(AX*4), Z29
+	VFMADD231PS Z24, Z29, Z3
+	VBROADCASTSS (R12)(AX*4), Z28
+	VFMADD231PS Z24, Z28, Z4
+	VBROADCASTSS (R13)(AX*4), Z29
+	VFMADD231PS Z24, Z29, Z5
+	ADDQ $4, BX
+	ADDQ DI, SI
+	DECQ CX
+	JNZ loop16
+store16:
+	MOVQ ldc+8(FP), R8
+	SHLQ $2, R8
+	MOVQ accumulate+56(FP), AX
+	TESTQ AX, AX
+	JZ write16
+	VADDPS (DX), Z0, Z0
+	VMOVUPS Z0, (DX)
+	ADDQ R8, DX
+	VADDPS (DX), Z1, Z1
+	VMOVUPS Z1, (DX)
+	ADDQ R8, DX
+	VADDPS (DX), Z2, Z2
+	VMOVUPS Z2, (DX)
+	ADDQ R8, DX
+	VADDPS (DX), Z3, Z3
+	VMOVUPS Z3, (DX)
+	ADDQ R8, DX
+	VADDPS (DX), Z4, Z4
+	VMOVUPS Z4, (DX)
+	ADDQ R8, DX
+	VADDPS (DX), Z5, Z5
+	VMOVUPS Z5, (DX)
+	ADDQ R8, DX
+	VZEROUPPER
+	RET
+write16:
+	VMOVUPS Z0, (DX)
+	ADDQ R8, DX
+	VMOVUPS Z1, (DX)
+	ADDQ R8, DX
+	VMOVUPS Z2, (DX)
+	ADDQ R8, DX
+	VMOVUPS Z3, (DX)
+	ADDQ R8, DX
+	VMOVUPS Z4, (DX)
+	ADDQ R8, DX
+	VMOVUPS Z5, (DX)
 	ADDQ R8, DX
 	VZEROUPPER
 	RET

@@ -20,3 +20,7 @@ func tile6x64(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
 func tile6x32(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
 	panic("gemmtile: no assembly on this architecture")
 }
+
+func tile6x16wide(*float32, int, *[Rows]*float32, *int32, int, *float32, int, int) {
+	panic("gemmtile: no assembly on this architecture")
+}

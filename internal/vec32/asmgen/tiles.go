@@ -9,7 +9,8 @@ type File struct {
 }
 
 // GenerateTiles returns package gemmtile's two assembly files: tile_amd64.s (the AVX2 tiles of 16 and 8
-// columns) and tile512_amd64.s (the AVX-512 tiles of 64 and 32 columns).
+// columns) and tile512_amd64.s (the AVX-512 tiles of 64, 32 and 16 columns; the last, tile6x16wide, keeps
+// a row in one register, for products and convolutions of 16 output channels).
 //
 // Every tile computes c[i·ldc + j] (+)= Σ_k rows[i][offsets[k]] · b[k·ldb + j] for its six rows, one fused
 // multiply-add per term in increasing k, for each lane alike: the wide and narrow tiles give bitwise the
@@ -31,9 +32,10 @@ Y14 and Y15.`)
 	wide.comment(`The AVX-512 tiles: the same sums as tile6x16, over 32 or 64 columns, for processors whose FMA units are
 512 bits wide. Registers as in tile_amd64.s: A's six row pointers in R8..R13, offsets at BX, k in CX, B's
 row at SI (DI = ldb·4), C at DX. Accumulators Z0..Z23 (row i: Z(4i)..Z(4i+3)) for width 64, Z0..Z11 (row
-i: Z(2i), Z(2i+1)) for width 32; B's vectors in Z24..Z27; broadcasts alternate between Z28 and Z29.`)
+i: Z(2i), Z(2i+1)) for width 32, Z0..Z5 for width 16; B's vectors in Z24..Z27; broadcasts alternate between Z28 and Z29.`)
 	wide.tile(zmm, 64)
 	wide.tile(zmm, 32)
+	wide.tile(zmm, 16)
 
 	return []File{{"tile_amd64.s", narrow.buf.Bytes()}, {"tile512_amd64.s", wide.buf.Bytes()}}
 }
@@ -86,6 +88,9 @@ var tileRows = [6]string{"R8", "R9", "R10", "R11", "R12", "R13"}
 func (g *gen) tile(v vectorRegs, width int) {
 	per := width * 4 / v.bytes
 	name := fmt.Sprintf("tile6x%d", width)
+	if v.bytes == zmm.bytes && width*4 < 2*v.bytes {
+		name += "wide" // tile6x16 is the AVX2 tile's name
+	}
 	g.p("")
 	g.p("// func %s(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)", name)
 	g.p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
