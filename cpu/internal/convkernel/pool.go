@@ -11,6 +11,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
 	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 	"github.com/goaccel/goaccel/internal/vec32"
 )
 
@@ -105,23 +106,38 @@ func (p *windowPlan) channelsLast2x2() bool {
 // pool2x2Rows runs row(inputRow, outputRow) — the flat offsets where an output row's two input rows start
 // and where it starts — for every output row of a channelsLast2x2 plan, one row of pixels × channels per
 // call (the assembly's unit); it reports false, having run nothing, when the first call declines (the
-// assembly does not run here, or the channels are not a multiple of 8).
+// assembly does not run here, or the channels are not a multiple of 8). Rows are independent (the windows
+// tile the operand), so a large operand's rows are split over the compute threads.
 func pool2x2Rows(p *windowPlan, row func(inputRow, outputRow int) bool) bool {
 	batch, outHeight := p.outputDims[0], p.outputDims[1]
-	for b := range batch {
-		for y := range outHeight {
-			input := b*p.operandStrides[0] + 2*y*p.operandStrides[1]
-			output := (b*outHeight + y) * p.outputDims[2] * p.outputDims[3]
-			if !row(input, output) {
-				if b == 0 && y == 0 {
-					return false
-				}
+	rows := batch * outHeight
+	if rows == 0 {
+		return true
+	}
+	run := func(i int) bool {
+		b, y := i/outHeight, i%outHeight
+		return row(b*p.operandStrides[0]+2*y*p.operandStrides[1], i*p.outputDims[2]*p.outputDims[3])
+	}
+	if !run(0) {
+		return false
+	}
+	workers := 1
+	if p.operandStrides[0]*batch >= parallelPoolElements {
+		workers = min(threads.Budget(), rows-1)
+	}
+	threads.Split(workers, func(w int) {
+		for i := 1 + (rows-1)*w/workers; i < 1+(rows-1)*(w+1)/workers; i++ {
+			if !run(i) {
 				panic("convkernel: a row of 2×2 pooling ran in assembly and the next did not")
 			}
 		}
-	}
+	})
 	return true
 }
+
+// parallelPoolElements is the operand size from which 2×2 pooling and its gradient split their rows over
+// the compute threads (threads.Split).
+const parallelPoolElements = 1 << 14
 
 // tiles reports whether the windows cover the operand exactly once: stride equal to the window, no
 // padding, and sizes that divide.

@@ -142,8 +142,8 @@ func TestPoolGradientsOnExtendedBackend(t *testing.T) {
 // general loop.
 func TestChannelsLast2x2Runs(t *testing.T) {
 	// batch, height, width, channels: runs shorter than the vectorised loops' 8 lanes, and longer ones
-	// with a tail.
-	for _, dims := range [][]int{{2, 4, 6, 5}, {3, 6, 10, 16}, {1, 4, 14, 3}} {
+	// with a tail; the last ones large enough to split their rows over the compute threads.
+	for _, dims := range [][]int{{2, 4, 6, 5}, {3, 6, 10, 16}, {1, 4, 14, 3}, {5, 14, 14, 48}, {3, 30, 12, 24}} {
 		t.Run(fmt.Sprint(dims), func(t *testing.T) { checkChannelsLast2x2Runs(t, dims) })
 	}
 }
