@@ -379,6 +379,10 @@ func (c *Communicator) startAs(call callRecord, bytes int, labelled bool, startF
 	if c.broken != nil {
 		return nil, fmt.Errorf("backends: communicator unusable after an earlier failure: %w", c.broken)
 	}
+	// The time is read before the engine starts the collective: on an engine where the last rank's start
+	// completes it (in-process), the other ranks may finish waiting before that start returns, and a
+	// collective must not look finished somewhere before every rank started it.
+	now := time.Now()
 	req, err := startFn()
 	if err != nil {
 		c.broken = err
@@ -387,7 +391,6 @@ func (c *Communicator) startAs(call callRecord, bytes int, labelled bool, startF
 	c.stats.PerOp[op].Calls++
 	c.stats.PerOp[op].Bytes += int64(bytes)
 	c.seq++
-	now := time.Now()
 	var label Label
 	if labelled {
 		label, c.nextLabel = c.nextLabel, Label{}
