@@ -1,13 +1,16 @@
-// Package indexing speeds up Gather and ScatterSum on GoMLX's pure-Go backend (simplego) where they move
-// whole rows of a table, the way every language model uses them:
+// Package indexing speeds up Gather, ScatterSum and Slice on GoMLX's pure-Go backend (simplego) where they
+// move whole rows, the way every language model uses the first two and every prepared model's update the
+// third:
 //
 //   - an embedding lookup gathers a table's rows by token id, and its gradient scatter-adds the rows of
 //     the output's gradient back into a table of zeros;
 //   - a sparse loss picks one logit per position by label (a gather of single elements of a flattened
-//     table), and its gradient scatters one value per position.
+//     table), and its gradient scatters one value per position;
+//   - a slice whose innermost axis is taken with stride 1 reads contiguous runs of its operand (a
+//     parameter's part of a flat gradient bucket is one run).
 //
-// simplego walks both through per-axis index iterators and copies or adds one element per step. Here a
-// row is one copy or one loop of adds. Gathers and scatters of any other layout, and index or data types
+// simplego walks them through per-axis index iterators and copies or adds one element per step. Here a
+// row is one copy or one loop of adds. Gathers, scatters and slices of any other layout, and index or data types
 // this package does not list, fall back on simplego's own executors. Results are bitwise the same:
 // rows are added in the order of their indices, element by element, as simplego adds them. Index
 // bounds follow XLA: a gather clamps an out-of-range index into the table, and a scatter skips an update
@@ -34,14 +37,15 @@ var (
 	patches   = []*gomlxpatch.ExecutorPatch{
 		{OpType: backends.OpTypeGather, Executor: execGather},
 		{OpType: backends.OpTypeScatterSum, Executor: execScatterSum},
+		{OpType: backends.OpTypeSlice, Executor: execSlice},
 	}
 	// fallbacks holds simplego's own executor per op type, found at Install.
 	fallbacks [backends.OpTypeLast]gomlxpatch.Executor
 
-	gatherCalls, scatterCalls atomic.Uint64
+	gatherCalls, scatterCalls, sliceCalls atomic.Uint64
 )
 
-// Install routes simplego's Gather and ScatterSum through this package. It is idempotent, and must not
+// Install routes simplego's Gather, ScatterSum and Slice through this package. It is idempotent, and must not
 // run concurrently with executions (simplego reads its executor table without synchronization).
 func Install() error {
 	installMu.Lock()
@@ -72,11 +76,13 @@ func Installed() bool {
 // Counts says how many gathers and scatters this package computed since the process started (the rest
 // ran on simplego's executors).
 type Counts struct {
-	Gathers, Scatters uint64
+	Gathers, Scatters, Slices uint64
 }
 
 // Calls returns the operations computed so far.
-func Calls() Counts { return Counts{Gathers: gatherCalls.Load(), Scatters: scatterCalls.Load()} }
+func Calls() Counts {
+	return Counts{Gathers: gatherCalls.Load(), Scatters: scatterCalls.Load(), Slices: sliceCalls.Load()}
+}
 
 // execGather runs a gather of whole rows as one copy per index.
 func execGather(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
@@ -96,6 +102,16 @@ func execScatterSum(backend *simplego.Backend, node *simplego.Node, inputs []*si
 		return output, nil
 	}
 	return fallbacks[backends.OpTypeScatterSum](backend, node, inputs, inputsOwned)
+}
+
+// execSlice runs a slice whose elements lie in contiguous runs of the operand as one copy per run.
+func execSlice(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
+	inputsOwned []bool) (*simplego.Buffer, error) {
+	if output, ok := sliceRuns(backend, node, inputs); ok {
+		sliceCalls.Add(1)
+		return output, nil
+	}
+	return fallbacks[backends.OpTypeSlice](backend, node, inputs, inputsOwned)
 }
 
 // shapesOf returns the shapes of the buffers, and false if one cannot be read.

@@ -56,7 +56,8 @@ func runBoth[F graph.ExecGraphFn](t *testing.T, fn F, inputs ...*tensors.Tensor)
 	before := Calls()
 	got = run()
 	after := Calls()
-	return want, got, Counts{Gathers: after.Gathers - before.Gathers, Scatters: after.Scatters - before.Scatters}
+	return want, got, Counts{Gathers: after.Gathers - before.Gathers, Scatters: after.Scatters - before.Scatters,
+		Slices: after.Slices - before.Slices}
 }
 
 // requireSameBits compares two tensors' flat data bit for bit.
