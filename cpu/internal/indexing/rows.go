@@ -154,7 +154,10 @@ func gatherRows(backend *simplego.Backend, node *simplego.Node, inputs []*simple
 	if err != nil {
 		return nil, false
 	}
-	copyRows(outData, table, rows, move.rowSize)
+	for i := range rows { // the rows, clamped into the table, become the offsets of the runs to copy
+		rows[i] *= move.rowSize
+	}
+	copyRuns(outData, table, rows, move.rowSize)
 	return output, true
 }
 
@@ -196,37 +199,13 @@ func scatterRows(backend *simplego.Backend, node *simplego.Node, inputs []*simpl
 	return output, true
 }
 
-// copyable reports whether copyRows handles the data's type.
+// copyable reports whether copyRuns handles the data's type.
 func copyable(data any) bool {
 	switch data.(type) {
 	case []float32, []float64, []int32, []int64, []uint8, []bool:
 		return true
 	}
 	return false
-}
-
-// copyRows copies table row rows[i] to dst's i-th row, for each i.
-func copyRows(dst, table any, rows []int, rowSize int) {
-	switch d := dst.(type) {
-	case []float32:
-		copyRowsOf(d, table.([]float32), rows, rowSize)
-	case []float64:
-		copyRowsOf(d, table.([]float64), rows, rowSize)
-	case []int32:
-		copyRowsOf(d, table.([]int32), rows, rowSize)
-	case []int64:
-		copyRowsOf(d, table.([]int64), rows, rowSize)
-	case []uint8:
-		copyRowsOf(d, table.([]uint8), rows, rowSize)
-	case []bool:
-		copyRowsOf(d, table.([]bool), rows, rowSize)
-	}
-}
-
-func copyRowsOf[T any](dst, table []T, rows []int, rowSize int) {
-	for i, row := range rows {
-		copy(dst[i*rowSize:(i+1)*rowSize], table[row*rowSize:(row+1)*rowSize])
-	}
 }
 
 // addable reports whether addRows handles the data's type.
