@@ -71,7 +71,13 @@ func New(opts ...Option) (*Accelerator, error) {
 	if err := a.openCommunicator(); err != nil {
 		return nil, err
 	}
-	a.compute, err = cpu.New(cfg.computeConfig(a.topo))
+	computeCfg := cfg.computeConfig(a.topo)
+	if share := a.comm.KernelShare(); computeCfg.Threads == 0 && share.Ranks > a.topo.LocalSize {
+		// More of the job's ranks share this kernel than the launcher placed on this node (containers,
+		// emulated hosts): they share its processors, so each takes its part of them.
+		computeCfg.Threads = share.ThreadsPerRank()
+	}
+	a.compute, err = cpu.New(computeCfg)
 	if err != nil {
 		err = fmt.Errorf("accel: %w", err)
 		a.closeComm(err)

@@ -56,57 +56,73 @@ func localMachineSlot() (machineSlot, error) {
 	return slot, nil
 }
 
-// oversubscribedKernel reports whether the ranks on rank's kernel outnumber the processors their masks
-// allow between them, given every rank's slot.
-func oversubscribedKernel(slots []machineSlot, rank int) bool {
+// KernelShare is what a rank shares its kernel with: the job's ranks on it (itself included) and the
+// processors their affinity masks allow between them. Zero when the rank could not read its machine.
+type KernelShare struct {
+	Ranks, CPUs int
+}
+
+// Oversubscribed reports whether the ranks outnumber the processors.
+func (k KernelShare) Oversubscribed() bool { return k.CPUs > 0 && k.Ranks > k.CPUs }
+
+// ThreadsPerRank is the compute threads each rank may use so that the ranks on the kernel never need more
+// than its processors: at least 1, 0 when the share is unknown.
+func (k KernelShare) ThreadsPerRank() int {
+	if k.Ranks == 0 || k.CPUs == 0 {
+		return 0
+	}
+	return max(1, k.CPUs/k.Ranks)
+}
+
+// kernelShareOf is rank's KernelShare, given every rank's slot.
+func kernelShareOf(slots []machineSlot, rank int) KernelShare {
 	mine := slots[rank]
 	if mine[0] == 0 && mine[1] == 0 {
-		return false
+		return KernelShare{}
 	}
 	var union [maskWords]int64
-	ranks := 0
+	var share KernelShare
 	for _, s := range slots {
 		if s[0] != mine[0] || s[1] != mine[1] {
 			continue
 		}
-		ranks++
+		share.Ranks++
 		for i := range union {
 			union[i] |= s[2+i]
 		}
 	}
-	cpus := 0
 	for _, w := range union {
-		cpus += bits.OnesCount64(uint64(w))
+		share.CPUs += bits.OnesCount64(uint64(w))
 	}
-	return cpus > 0 && ranks > cpus
+	return share
 }
 
-// kernelOversubscribed gathers every rank's slot through the engine (before any Communicator counts a
-// call) and reports whether this rank's kernel runs more ranks than it lets them use processors.
-func kernelOversubscribed(engine Engine) (bool, error) {
+// kernelShare gathers every rank's slot through the engine (before any Communicator counts a call) and
+// returns this rank's KernelShare.
+func kernelShare(engine Engine) (KernelShare, error) {
 	// Every rank takes part, even one that cannot read its machine (another operating system, a sandbox
 	// without /proc): it sends zeros, which match no kernel.
 	slot, _ := localMachineSlot()
 	all := make([]machineSlot, engine.Size())
 	req, err := engine.StartAllGather(BufferOf(slot[:]), BufferOf(unsafe.Slice(&all[0][0], len(all)*len(slot))))
 	if err != nil {
-		return false, err
+		return KernelShare{}, err
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		done, err := req.Test()
 		if err != nil {
-			return false, err
+			return KernelShare{}, err
 		}
 		if done {
 			break
 		}
 		if time.Now().After(deadline) {
-			return false, errors.New("backends: the ranks did not all open the engine within 5 minutes")
+			return KernelShare{}, errors.New("backends: the ranks did not all open the engine within 5 minutes")
 		}
 		runtime.Gosched()
 	}
-	return oversubscribedKernel(all, engine.Rank()), nil
+	return kernelShareOf(all, engine.Rank()), nil
 }
 
 // oversubscribable is an engine that polls differently when its ranks outnumber their processors: Open

@@ -32,7 +32,7 @@ func TestOversubscribedKernel(t *testing.T) {
 		{"a rank that could not read its machine", []machineSlot{{}, {}, {}}, 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, oversubscribedKernel(tc.slots, tc.rank))
+			assert.Equal(t, tc.want, kernelShareOf(tc.slots, tc.rank).Oversubscribed())
 		})
 	}
 }
@@ -48,4 +48,26 @@ func TestLocalMachineSlot(t *testing.T) {
 		}
 	}
 	assert.Positive(t, cpus, "at least one processor in the affinity mask")
+}
+
+func TestKernelShareThreads(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		slots       []machineSlot
+		rank        int
+		want        KernelShare
+		wantThreads int
+	}{
+		{"two emulated hosts on one 2-core kernel", []machineSlot{slotOf(1, 0, 1), slotOf(1, 0, 1)}, 1, KernelShare{Ranks: 2, CPUs: 2}, 1},
+		{"two hosts of 8 cores", []machineSlot{slotOf(1, 0, 1, 2, 3, 4, 5, 6, 7), slotOf(2, 0, 1, 2, 3, 4, 5, 6, 7)}, 0, KernelShare{Ranks: 1, CPUs: 8}, 8},
+		{"four ranks on one 2-core kernel", []machineSlot{slotOf(1, 0, 1), slotOf(1, 0, 1), slotOf(1, 0, 1), slotOf(1, 0, 1)}, 3, KernelShare{Ranks: 4, CPUs: 2}, 1},
+		{"three containers on a 6-core kernel", []machineSlot{slotOf(7, 0, 1, 2, 3, 4, 5), slotOf(7, 0, 1, 2, 3, 4, 5), slotOf(7, 0, 1, 2, 3, 4, 5)}, 2, KernelShare{Ranks: 3, CPUs: 6}, 2},
+		{"a rank that could not read its machine", []machineSlot{{}, slotOf(1, 0)}, 0, KernelShare{}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := kernelShareOf(tc.slots, tc.rank)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.wantThreads, got.ThreadsPerRank())
+		})
+	}
 }

@@ -167,6 +167,8 @@ type Communicator struct {
 	left map[int]departure
 	// polling is what a wait does between two busy polls.
 	polling pollMode
+	// kernel is what this rank shares its kernel with, as Open found it (zero otherwise).
+	kernel KernelShare
 	// resched passes the polling goroutine through Go's scheduler (yieldToOwnP; tests count the calls).
 	// See reschedEvery.
 	resched func()
@@ -185,6 +187,12 @@ type Communicator struct {
 	nextLabel Label
 	observer  atomic.Pointer[func(CollectiveRecord)]
 }
+
+// KernelShare is what this rank shares its kernel with: the job's ranks on it and the processors their
+// affinity masks allow between them, as Open found them by every rank's kernel boot id (containers and
+// emulated hosts on one machine included, which a launcher counts as separate nodes). It is zero for a
+// communicator Open did not make, a job of one rank, or a rank that could not read its machine.
+func (c *Communicator) KernelShare() KernelShare { return c.kernel }
 
 // departure is what a rank announced on its way out of the job.
 type departure struct {
@@ -250,12 +258,13 @@ func Open(engineName string, topo Topology, opts ...CommunicatorOption) (*Commun
 	if c.Size() > 1 {
 		// The launcher's count of ranks per node misses nodes that share a kernel (containers, emulated hosts).
 		// Every rank gathers, whatever its own topology says: a collective all ranks must join.
-		shared, err := kernelOversubscribed(engine)
+		share, err := kernelShare(engine)
 		if err != nil {
 			_ = engine.Close()
 			return nil, fmt.Errorf("backends: opening engine %q: comparing the ranks' machines: %w", engineName, err)
 		}
-		if shared {
+		c.kernel = share
+		if share.Oversubscribed() {
 			c.polling = pollYieldingThreads
 			if o, ok := engine.(oversubscribable); ok {
 				o.SetOversubscribed()

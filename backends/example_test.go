@@ -166,3 +166,11 @@ func ExamplePending_Progress() {
 	fmt.Println(sums[0], sums[1])
 	// Output: [3] [3]
 }
+
+// KernelShare is what Open found a rank shares its kernel with: here four ranks of a job on one 2-core
+// machine (emulated hosts, or containers a launcher counts as separate nodes).
+func ExampleKernelShare() {
+	share := backends.KernelShare{Ranks: 4, CPUs: 2}
+	fmt.Println(share.Oversubscribed(), share.ThreadsPerRank())
+	// Output: true 1
+}

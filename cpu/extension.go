@@ -63,7 +63,8 @@ type Kernels struct {
 	Gradients string
 	// Matmul describes the pure-Go backend's matrix multiplication, e.g. "OpenBLAS 0.3.21, 2 threads".
 	Matmul string
-	// Threads is the number of BLAS threads this process uses (0 when BLAS is not in use).
+	// Threads is the compute threads this process splits an operation over, BLAS's products included (0
+	// when goaccel's kernels are not installed).
 	Threads int
 	// Ops says how the pure-Go backend schedules a graph's operations: "sequential" or "parallel" (its own
 	// default: independent operations on parallel goroutines when one graph executes alone), followed by

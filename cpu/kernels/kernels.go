@@ -153,8 +153,9 @@ func (installed) Describe() cpu.Kernels {
 	if gemmgrad.Registered() {
 		k.Gradients = "gemm"
 	}
+	k.Threads = threads.Budget()
 	if blas.Installed() {
-		k.Matmul, k.Threads = blas.Path(), blas.Threads()
+		k.Matmul = blas.Path()
 	}
 	switch {
 	case convkernel.Installed():

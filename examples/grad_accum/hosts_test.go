@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -83,6 +84,10 @@ func TestLaunchAcrossHosts(t *testing.T) {
 			hosts := parseSummary(t, stdout)
 
 			assert.Equal(t, np, hosts.WorldSize)
+			// The hosts share this machine's kernel, so its processors: each rank's share, as on one host,
+			// although mpirun sees perHost ranks per host.
+			assert.Equal(t, max(1, runtime.NumCPU()/np), local.ComputeThreads, "threads on one host")
+			assert.Equal(t, local.ComputeThreads, hosts.ComputeThreads, "threads on emulated hosts of one kernel")
 			assert.Equal(t, local.GlobalBatch, hosts.GlobalBatch)
 			assert.Equal(t, local.OptimizerSteps, hosts.OptimizerSteps)
 			assert.Equal(t, local.Syncs, hosts.Syncs)

@@ -62,7 +62,7 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-var summaryKeys = []string{"goaccel_version",
+var summaryKeys = []string{"goaccel_version", "compute_threads",
 	"rank", "world_size", "epochs", "batch_size", "accumulation_steps", "global_batch", "optimizer_steps", "syncs",
 	"micro_batches", "collective_calls", "collective_bytes", "comm_wait_seconds", "compute_seconds",
 	"micro_batch_compute_seconds", "train_examples", "test_accuracy", "best_test_accuracy", "restart_count", "final_loss", "model", "train_seconds",

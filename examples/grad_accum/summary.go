@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/goaccel/goaccel/accel"
+	"github.com/goaccel/goaccel/cpu"
 	"github.com/goaccel/goaccel/examples/internal/jsonline"
 	"github.com/goaccel/goaccel/examples/internal/lossplot"
 	"github.com/goaccel/goaccel/version"
@@ -58,6 +59,9 @@ type summary struct {
 	Seconds           float64 `json:"seconds"` // wall time of the whole run
 	// GoaccelVersion is the goaccel release (and commit) the program was built from.
 	GoaccelVersion string `json:"goaccel_version"`
+	// ComputeThreads is the threads this process computed with: its share of its machine's processors
+	// (cpu.Kernels.Threads).
+	ComputeThreads int `json:"compute_threads"`
 	// Sharding is the strategy the training state was split with, OptimizerStateBytes the optimizer state
 	// this process held (1/N of the replicated size under optimizer or gradients sharding).
 	Sharding            string `json:"sharding"`
@@ -82,6 +86,7 @@ func newSummary(acc *accel.Accelerator, cfg config, stats accel.Stats, microBatc
 	accuracy, best, finalLoss float64, trainTime, elapsed time.Duration) summary {
 	return summary{
 		GoaccelVersion:           version.String(),
+		ComputeThreads:           cpu.CurrentKernels().Threads,
 		Rank:                     acc.Rank(),
 		WorldSize:                acc.WorldSize(),
 		Epochs:                   cfg.epochs,
