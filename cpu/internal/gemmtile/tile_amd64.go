@@ -32,7 +32,8 @@ func tile6x64(c *float32, ldc int, rows *[Rows]*float32, offsets *int32, k int, 
 func tile6x32(c *float32, ldc int, rows *[Rows]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)
 
 // tile6x16wide is tile6x16 with each row's 16 columns in one AVX-512 register: half the instructions, and
-// on this development machine about 1.4× the multiply-adds per second (docs/cpu.md).
+// about 1.12× the multiply-adds per second on the development machine (docs/cpu.md, "The eighth pass");
+// its six independent sums, one per row, are what limit it.
 //
 //go:noescape
 func tile6x16wide(c *float32, ldc int, rows *[Rows]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)

@@ -114,6 +114,19 @@ func execSlice(backend *simplego.Backend, node *simplego.Node, inputs []*simpleg
 	return fallbacks[backends.OpTypeSlice](backend, node, inputs, inputsOwned)
 }
 
+// newOutput allocates a buffer of shape and returns it with its flat data, or false when either fails.
+func newOutput(backend *simplego.Backend, shape shapes.Shape) (*simplego.Buffer, any, bool) {
+	output := backend.NewBuffer(shape)
+	if output == nil {
+		return nil, nil, false
+	}
+	data, err := backend.BufferData(output)
+	if err != nil {
+		return nil, nil, false
+	}
+	return output, data, true
+}
+
 // shapesOf returns the shapes of the buffers, and false if one cannot be read.
 func shapesOf(backend *simplego.Backend, buffers []*simplego.Buffer) ([]shapes.Shape, bool) {
 	out := make([]shapes.Shape, len(buffers))

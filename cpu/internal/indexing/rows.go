@@ -146,12 +146,8 @@ func gatherRows(backend *simplego.Backend, node *simplego.Node, inputs []*simple
 	if !ok {
 		return nil, false
 	}
-	output := backend.NewBuffer(outShape)
-	if output == nil {
-		return nil, false
-	}
-	outData, err := backend.BufferData(output)
-	if err != nil {
+	output, outData, ok := newOutput(backend, outShape)
+	if !ok {
 		return nil, false
 	}
 	for i := range rows { // the rows, clamped into the table, become the offsets of the runs to copy

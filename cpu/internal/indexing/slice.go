@@ -61,12 +61,8 @@ func sliceRuns(backend *simplego.Backend, node *simplego.Node, inputs []*simpleg
 		steps[a] = stride * strides[a]
 		stride *= dims[a]
 	}
-	output := backend.NewBuffer(outShape)
-	if output == nil {
-		return nil, false
-	}
-	outData, err := backend.BufferData(output)
-	if err != nil {
+	output, outData, ok := newOutput(backend, outShape)
+	if !ok {
 		return nil, false
 	}
 	if size == 0 {
