@@ -23,7 +23,7 @@ func Main(m *testing.M) {
 }
 
 // Backend returns the pure-Go backend shared by a test binary's tests and benchmarks, created on first use
-// (with its operations one after another under the race detector: see backendConfig).
+// (with its operations one after another: see backendConfig).
 var Backend = sync.OnceValues(func() (backends.Backend, error) { return simplego.New(backendConfig) })
 
 // PureGo returns the pure-Go backend shared by a test binary's tests and benchmarks: the one the compute
