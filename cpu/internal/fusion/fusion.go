@@ -51,6 +51,8 @@ func (b *fusingBuilder) Compile(outputs []backends.Op, shardings []*backends.Sha
 			}
 			fusedChains.Add(uint64(fused.Chains))
 			rowNodes.Add(uint64(fused.RowKernels))
+			concatAddNodes.Add(uint64(fused.ConcatAdds))
+			windows.Add(uint64(fused.Windows))
 			fusedOps.Add(uint64(fused.Ops))
 		}
 	}
@@ -82,6 +84,7 @@ var (
 	identity gomlxpatch.Executor
 
 	fusedChains, fusedOps, runs, rowNodes, rowRuns atomic.Uint64
+	concatAddNodes, concatAddRuns, windows         atomic.Uint64
 )
 
 func execFused(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
@@ -89,6 +92,9 @@ func execFused(backend *simplego.Backend, node *simplego.Node, inputs []*simpleg
 	switch p := gomlxpatch.NodeData(node).(type) {
 	case *program:
 		runs.Add(1)
+		return p.run(backend, inputs, inputsOwned)
+	case *concatAddKernel:
+		concatAddRuns.Add(1)
 		return p.run(backend, inputs, inputsOwned)
 	case rowKernel:
 		rowRuns.Add(1)
@@ -137,10 +143,16 @@ type Counts struct {
 	// RowKernels and RowRuns count the nodes rewritten into row kernels (softmaxes, their gradients, layer
 	// norms) and their executions.
 	RowKernels, RowRuns uint64
+	// ConcatAdds and ConcatAddRuns count the additions of a concatenation rewritten to add each part in
+	// place (the gradient accumulation into flat buckets) and their executions.
+	ConcatAdds, ConcatAddRuns uint64
+	// Windows counts fused programs' inputs read inside a larger vector instead of through a Slice's copy.
+	Windows uint64
 }
 
 // Calls returns the counts so far.
 func Calls() Counts {
 	return Counts{Chains: fusedChains.Load(), Ops: fusedOps.Load(), Runs: runs.Load(), RowKernels: rowNodes.Load(),
-		RowRuns: rowRuns.Load()}
+		RowRuns: rowRuns.Load(), ConcatAdds: concatAddNodes.Load(), ConcatAddRuns: concatAddRuns.Load(),
+		Windows: windows.Load()}
 }

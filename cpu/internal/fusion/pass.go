@@ -19,6 +19,12 @@ type Result struct {
 	Ops    int // element-wise operations those programs compute
 	// RowKernels counts the nodes rewritten into row kernels: softmaxes, their gradients, layer norms.
 	RowKernels int
+	// ConcatAdds counts the additions of a concatenation rewritten to add each part in place (see
+	// concatAddKernel): the gradient accumulation of every bucket.
+	ConcatAdds int
+	// Windows counts the programs' inputs read inside a larger vector instead of through the Slice that
+	// would copy them (see contiguousWindow): the gradients an update slices out of its buckets.
+	Windows int
 }
 
 // Limits of one fused chain: its operations (each a few instructions per element), and so its registers,
@@ -195,6 +201,13 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 			return Result{RowKernels: rowNodes}, err
 		}
 	}
+	var concatAdds int
+	if concatAddsOn {
+		var err error
+		if concatAdds, err = rewriteConcatAdds(outputs); err != nil {
+			return Result{RowKernels: rowNodes, ConcatAdds: concatAdds}, err
+		}
+	}
 	g := newGraph(outputs)
 	elements := map[*simplego.Node]element{}
 	chainOf := map[*simplego.Node]*chain{}
@@ -224,7 +237,7 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 			chains = append(chains, c)
 		}
 	}
-	result := Result{RowKernels: rowNodes}
+	result := Result{RowKernels: rowNodes, ConcatAdds: concatAdds}
 	for _, c := range chains {
 		// Inputs before the nodes that read them.
 		slices.SortFunc(c.members, func(a, b *simplego.Node) int { return g.position[a] - g.position[b] })
@@ -234,6 +247,11 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 		}
 		result.Chains++
 		result.Ops += len(c.members)
+		for _, l := range p.leaves {
+			if l.window {
+				result.Windows++
+			}
+		}
 	}
 	return result, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
@@ -49,6 +50,10 @@ type leaf struct {
 	// reg is the register of a leaf read through one (expanded broadcasts, booleans), or of a scalar
 	// splatted for select; −1 for none.
 	reg int
+	// window: a leafFull read from a contiguous part of a larger vector, starting at offset (see
+	// contiguousWindow). Its input is the whole vector, never the output.
+	window bool
+	offset int
 }
 
 type operandKind uint8
@@ -89,6 +94,14 @@ func compile(c *chain, elements map[*simplego.Node]element, chainOf map[*simpleg
 			return v
 		}
 		source, dims := node, shapeOf(node).Dimensions
+		if vector, offset, ok := contiguousWindow(node, p.shape); ok {
+			index := len(leafNodes)
+			leafNodes = append(leafNodes, vector)
+			p.leaves = append(p.leaves, leaf{kind: leafFull, reg: -1, window: true, offset: offset})
+			v := operand{kind: inLeaf, index: index}
+			leafValues[node] = v
+			return v
+		}
 		if src, srcDims, ok := throughBroadcast(node); ok {
 			if _, fits := broadcast.Of(srcDims, p.shape.Dimensions); fits {
 				// The broadcast's source, read with its pattern: the broadcast itself need not run.
@@ -254,8 +267,11 @@ func (p *program) run(backend *simplego.Backend, inputs []*simplego.Buffer, inpu
 			}
 		default:
 			s.floats[i] = data.([]float32)
+			if l.window {
+				s.floats[i] = s.floats[i][l.offset : l.offset+p.shape.Size()]
+			}
 			s.scalars[i] = s.floats[i][0]
-			if l.kind == leafFull && output == nil && inputsOwned[i] {
+			if l.kind == leafFull && !l.window && output == nil && inputsOwned[i] {
 				output = inputs[i]
 				inputs[i] = nil // simplego's signal that the input buffer lives on as the output.
 			}
@@ -373,4 +389,31 @@ func (p *program) runTile(s *runState, out []float32, lo, hi int) {
 			copy(dst, slice(in.args[0]))
 		}
 	}
+}
+
+// contiguousWindow recognises a float32 leaf of the program's shape that is a stride-1 Slice of a vector,
+// possibly reshaped: every update of a prepared model slices its flat gradient buckets back into one
+// gradient per parameter (bucketgraph.Unflatten). The program then reads the gradient inside the bucket,
+// and the Slice, which copies it, need not run. It returns the vector and the window's first element.
+func contiguousWindow(node *simplego.Node, shape shapes.Shape) (vector *simplego.Node, offset int, ok bool) {
+	if s := shapeOf(node); s.DType != dtypes.Float32 || !slices.Equal(s.Dimensions, shape.Dimensions) {
+		return nil, 0, false
+	}
+	slice := throughReshapes(node)
+	in, ok := is(slice, backends.OpTypeSlice, 1)
+	if !ok || shapeOf(in[0]).Rank() != 1 || shapeOf(in[0]).DType != dtypes.Float32 {
+		return nil, 0, false
+	}
+	r, err := gomlxpatch.NewNodeDataReader(gomlxpatch.NodeData(slice), "sliceNode")
+	if err != nil {
+		return nil, 0, false
+	}
+	starts, strides := r.Ints("starts"), r.Ints("strides")
+	if r.Err != nil || len(starts) != 1 || len(strides) != 1 || (strides[0] != 1 && shape.Size() > 1) {
+		return nil, 0, false
+	}
+	if starts[0] < 0 || starts[0]+shape.Size() > shapeOf(in[0]).Size() {
+		return nil, 0, false
+	}
+	return in[0], starts[0], true
 }
