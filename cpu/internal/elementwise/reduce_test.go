@@ -8,6 +8,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
+	"github.com/gomlx/gomlx/pkg/core/tensors"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/goaccel/goaccel/cpu/internal/computetest"
@@ -78,5 +79,27 @@ func TestConversionFromBoolMatchesSimplego(t *testing.T) {
 			assert.Equal(t, before+1, Calls().Conversions)
 			assert.Equal(t, run(t, false, fn, x, y), got)
 		})
+	}
+}
+
+// TestConversionFromBytesMatchesSimplego converts every byte value, in runs that do and do not fill the
+// table's groups of eight, to floats.
+func TestConversionFromBytesMatchesSimplego(t *testing.T) {
+	for _, dtype := range []dtypes.DType{dtypes.Float32, dtypes.Float64} {
+		for _, size := range []int{1, 7, 8, 256, 64 * 784, 1001} {
+			t.Run(fmt.Sprintf("%s/%d", dtype, size), func(t *testing.T) {
+				pixels := make([]uint8, size)
+				for i := range pixels {
+					pixels[i] = uint8(i*37 + i/256)
+				}
+				x := tensors.FromFlatDataAndDimensions(pixels, size)
+				unused := tensors.FromValue(float32(0))
+				fn := func(x, _ *graph.Node) *graph.Node { return graph.ConvertDType(x, dtype) }
+				before := Calls().Conversions
+				got := run(t, true, fn, x, unused)
+				assert.Equal(t, before+1, Calls().Conversions)
+				assert.Equal(t, run(t, false, fn, x, unused), got)
+			})
+		}
 	}
 }
