@@ -8,6 +8,7 @@ import (
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 	"github.com/goaccel/goaccel/internal/vec32"
 )
 
@@ -28,6 +29,7 @@ type rowLayout struct {
 	n, rows  int
 	maskDims []int // the mask's dimensions laid over the shape's (1 where it broadcasts); nil: no mask
 	scratch  sync.Pool
+	width    int // rows of scratch a kernel needs (0: one)
 }
 
 func newRowLayout(shape shapes.Shape, maskDims []int) *rowLayout {
@@ -43,7 +45,24 @@ func (l *rowLayout) state() *rowScratch {
 	if s, ok := l.scratch.Get().(*rowScratch); ok {
 		return s
 	}
-	return &rowScratch{row: make([]float32, l.n)}
+	return &rowScratch{row: make([]float32, l.n*max(l.width, 1))}
+}
+
+// splitRows calls fn on ranges of rows that cover every row once, with scratch of its own for each range:
+// on the compute threads when the tensor is large enough (threads.Split), else in one call here.
+func (l *rowLayout) splitRows(fn func(s *rowScratch, first, end int)) {
+	workers := min(threads.Budget(), l.rows)
+	if l.rows*l.n < parallelElements || workers < 2 {
+		s := l.state()
+		fn(s, 0, l.rows)
+		l.scratch.Put(s)
+		return
+	}
+	threads.Split(workers, func(w int) {
+		s := l.state()
+		fn(s, l.rows*w/workers, l.rows*(w+1)/workers)
+		l.scratch.Put(s)
+	})
 }
 
 // maskRows is the number of rows of the mask's (source) tensor.
@@ -313,14 +332,13 @@ func (k *layerNormKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 	if err != nil {
 		return nil, err
 	}
-	l := k.layout
-	s := l.state()
-	defer l.scratch.Put(s)
 	x, gain, offset := data[0].([]float32), data[1].([]float32), data[2].([]float32)
-	n := l.n
-	for r := range l.rows {
-		layerNormRow(out[r*n:(r+1)*n], x[r*n:(r+1)*n], gain, offset, k.invN, k.epsilon, s.row)
-	}
+	n := k.layout.n
+	k.layout.splitRows(func(s *rowScratch, first, end int) {
+		for r := first; r < end; r++ {
+			layerNormRow(out[r*n:(r+1)*n], x[r*n:(r+1)*n], gain, offset, k.invN, k.epsilon, s.row)
+		}
+	})
 	return output, nil
 }
 
@@ -329,14 +347,133 @@ func (k *layerNormKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 //
 //	c = x − Σx·(1/n);  y = c / √(Σc²·(1/n) + ε) · gain + offset
 func layerNormRow(y, x, gain, offset []float32, invN, epsilon float32, t []float32) {
-	mean := float32(vec32.Sum(x) * invN)
-	vec32.BinaryScalar(vec32.Sub, y, x, mean)
-	vec32.Binary(vec32.Mul, t, y, y)
-	variance := float32(vec32.Sum(t) * invN)
-	deviation := float32(math.Sqrt(float64(float32(variance + epsilon))))
+	deviation := centre(y, x, invN, epsilon, t)
 	vec32.BinaryScalar(vec32.Div, y, y, deviation)
 	vec32.Binary(vec32.Mul, y, y, gain)
 	vec32.Binary(vec32.Add, y, y, offset)
+}
+
+// centre sets c to the row x less its mean and returns the row's deviation √(Σc²·(1/n) + ε), as GoMLX's
+// layer norm computes them; c may be x, t is scratch of the row's length.
+func centre(c, x []float32, invN, epsilon float32, t []float32) (deviation float32) {
+	mean := float32(vec32.Sum(x) * invN)
+	vec32.BinaryScalar(vec32.Sub, c, x, mean)
+	vec32.Binary(vec32.Mul, t, c, c)
+	variance := float32(vec32.Sum(t) * invN)
+	return float32(math.Sqrt(float64(float32(variance + epsilon))))
+}
+
+// layerNormGradKernel is the gradient of a layer norm (layerNormKernel) with respect to its input, from the
+// input x, the gain and the incoming gradient dy; layerNormProductKernel is dy times the normalised input
+// (what the gain's gradient sums over the rows). Both recompute the row's centred values and deviation
+// instead of reading the forward's, so that the forward runs as one row kernel in training too.
+type layerNormGradKernel struct {
+	layout   *rowLayout // scratch of four rows
+	residual bool       // a fourth input, the input's gradient from elsewhere, is added in
+	layerNormGradConstants
+}
+
+// layerNormGradConstants are the constants GoMLX's gradient graph holds, read from it.
+type layerNormGradConstants struct {
+	invN, epsilon float32 // the forward's
+	one, half     float32 // 1/deviation and its half
+	invNDeviation float32 // the 1/n that averages the squares' gradient
+	invNMean      float32 // the 1/n that averages the mean's gradient
+}
+
+func (k *layerNormGradKernel) name() string { return "layer norm gradient" }
+
+func (k *layerNormGradKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer, inputsOwned []bool) (*simplego.Buffer, error) {
+	want := 3
+	if k.residual {
+		want++
+	}
+	if len(inputs) != want {
+		return nil, fmt.Errorf("fusion: %s: %d inputs, want %d", k.name(), len(inputs), want)
+	}
+	// The incoming gradient's buffer (or the residual's) can take the result: each row of it is read before
+	// its row is written.
+	data, output, out, err := rowBuffers(backend, k.name(), k.layout.shape, inputs, inputsOwned, want-1)
+	if err != nil {
+		return nil, err
+	}
+	x, gain, dy := data[0].([]float32), data[1].([]float32), data[2].([]float32)
+	var residual []float32
+	if k.residual {
+		residual = data[3].([]float32)
+	}
+	n := k.layout.n
+	k.layout.splitRows(func(s *rowScratch, first, end int) {
+		for r := first; r < end; r++ {
+			lo, hi := r*n, (r+1)*n
+			var rest []float32
+			if residual != nil {
+				rest = residual[lo:hi]
+			}
+			layerNormGradRow(out[lo:hi], x[lo:hi], gain, dy[lo:hi], rest, &k.layerNormGradConstants, s.row)
+		}
+	})
+	return output, nil
+}
+
+// layerNormGradRow is GoMLX v0.26.0's gradient of layerNormRow with respect to x, plus residual (nil: none),
+// operation for operation as its graph builds it (the same values on goaccel's executors); dx may be dy or
+// residual, t is scratch of four rows.
+//
+//	g = dy·gain;  dσ = Σ −(g·(c/σ²));  k = dσ·((1/σ)·½)·(1/n)
+//	a = g/σ + k·c + k·c;  dx = (residual + a) + (−Σa)·(1/n)
+func layerNormGradRow(dx, x, gain, dy, residual []float32, k *layerNormGradConstants, t []float32) {
+	n := len(x)
+	c, g, u, a := t[:n], t[n:2*n], t[2*n:3*n], t[3*n:4*n]
+	deviation := centre(c, x, k.invN, k.epsilon, u)
+	vec32.Binary(vec32.Mul, g, dy, gain)
+	vec32.BinaryScalar(vec32.Div, u, c, float32(deviation*deviation))
+	vec32.Binary(vec32.Mul, u, g, u)
+	// GoMLX negates before it sums. Not the negated sum: a sum of zeros is +0 either way.
+	vec32.Apply(vec32.Neg, u, u)
+	dDeviation := vec32.Sum(u)
+	scale := float32(float32(dDeviation*float32(float32(k.one/deviation)*k.half)) * k.invNDeviation)
+	vec32.BinaryScalar(vec32.Div, a, g, deviation)
+	vec32.BinaryScalar(vec32.Mul, u, c, scale)
+	vec32.Binary(vec32.Add, a, a, u)
+	vec32.Binary(vec32.Add, a, a, u)
+	mean := float32(-vec32.Sum(a) * k.invNMean)
+	if residual != nil {
+		vec32.Binary(vec32.Add, dx, residual, a)
+		vec32.BinaryScalar(vec32.Add, dx, dx, mean)
+		return
+	}
+	vec32.BinaryScalar(vec32.Add, dx, a, mean)
+}
+
+// layerNormProductKernel is dy · (c/σ) of a layer norm's input x (see layerNormGradKernel). Inputs: x, dy.
+type layerNormProductKernel struct {
+	layout        *rowLayout // scratch of two rows
+	invN, epsilon float32
+}
+
+func (k *layerNormProductKernel) name() string { return "layer norm gain's product" }
+
+func (k *layerNormProductKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer, inputsOwned []bool) (*simplego.Buffer, error) {
+	if len(inputs) != 2 {
+		return nil, fmt.Errorf("fusion: %s: %d inputs, want 2", k.name(), len(inputs))
+	}
+	data, output, out, err := rowBuffers(backend, k.name(), k.layout.shape, inputs, inputsOwned, 1)
+	if err != nil {
+		return nil, err
+	}
+	x, dy := data[0].([]float32), data[1].([]float32)
+	n := k.layout.n
+	k.layout.splitRows(func(s *rowScratch, first, end int) {
+		c, u := s.row[:n], s.row[n:2*n]
+		for r := first; r < end; r++ {
+			lo, hi := r*n, (r+1)*n
+			deviation := centre(c, x[lo:hi], k.invN, k.epsilon, u)
+			vec32.BinaryScalar(vec32.Div, c, c, deviation)
+			vec32.Binary(vec32.Mul, out[lo:hi], dy[lo:hi], c)
+		}
+	})
+	return output, nil
 }
 
 // unmasked is the length of mask row maskRow's leading unmasked run (prefixes' entry; negative: the row is

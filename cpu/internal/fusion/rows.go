@@ -294,6 +294,7 @@ type layerNormMatch struct {
 	x, gain, offset    *simplego.Node // gain and offset: [..., n] of the row's length
 	invN, epsilon      float32
 	centred, deviation *simplego.Node
+	normalized         *simplego.Node // Div(centred, deviation)
 }
 
 // matchLayerNorm recognises layers.LayerNormalization(ctx, x, -1) of GoMLX v0.26.0 (float32, a learned gain
@@ -335,7 +336,7 @@ func matchLayerNorm(root *simplego.Node) (layerNormMatch, bool) {
 	if !ok || !shapeOf(div[0]).Equal(shape) {
 		return m, false
 	}
-	m.centred, m.deviation = div[0], throughReshapes(div[1])
+	m.centred, m.deviation, m.normalized = div[0], throughReshapes(div[1]), mul[0]
 	sub, ok := is(m.centred, backends.OpTypeSub, 2)
 	if !ok || !shapeOf(sub[0]).Equal(shape) {
 		return m, false
@@ -383,6 +384,162 @@ func matchLayerNorm(root *simplego.Node) (layerNormMatch, bool) {
 	return m, true
 }
 
+// sourceOf is n read through a broadcast (if any) and reshapes: the per-row or per-feature value a binary
+// operation's operand repeats.
+func sourceOf(n *simplego.Node) *simplego.Node {
+	if src, _, ok := throughBroadcast(n); ok {
+		n = src
+	}
+	return throughReshapes(n)
+}
+
+// scalarOperand returns the scalar constant of a binary node's operand i (read through broadcasts).
+func scalarOperand(in []*simplego.Node, i int) (float32, bool) {
+	if len(in) <= i {
+		return 0, false
+	}
+	return scalarConstant(in[i])
+}
+
+// layerNormGradMatch is a layer norm's gradient with respect to its input, found in the graph.
+type layerNormGradMatch struct {
+	forward  layerNormMatch
+	dy       *simplego.Node // the incoming gradient, of x's shape
+	residual *simplego.Node // the input's gradient from elsewhere, added before the mean's; nil: none
+	layerNormGradConstants
+}
+
+// matchLayerNormGradient recognises, ending at root, the gradient GoMLX v0.26.0 builds for a layer norm that
+// forwards (by its centred node) holds, with respect to the layer's input:
+//
+//	g  = Mul(dy, Broadcast(gain));  σb = Broadcast(deviation)
+//	dσ = Reshape(ReduceSum(Neg(Mul(g, Div(centred, Mul(σb, σb))))))
+//	k  = Broadcast(Reshape(Mul(Reshape(Mul(dσ, Mul(Div(1, deviation), ½))), 1/n)))
+//	a  = Add(Add(Div(g, σb), Mul(k, centred)), Mul(k, centred))
+//	root = Add(a, Broadcast(Reshape(Mul(Reshape(Neg(Reshape(ReduceSum(a)))), 1/n))))
+//
+// or, with another gradient of the input (a residual connection) added first, root = Add(Add(r, a), …).
+func matchLayerNormGradient(root *simplego.Node, forwards map[*simplego.Node]layerNormMatch) (layerNormGradMatch, bool) {
+	var m layerNormGradMatch
+	in, ok := is(root, backends.OpTypeAdd, 2)
+	if !ok {
+		return m, false
+	}
+	// The mean of a, negated, broadcast back over the row.
+	meanMul, ok := is(sourceOf(in[1]), backends.OpTypeMul, 2)
+	if !ok {
+		return m, false
+	}
+	if m.invNMean, ok = scalarOperand(meanMul, 1); !ok {
+		return m, false
+	}
+	neg, ok := is(throughReshapes(meanMul[0]), backends.OpTypeNeg, 1)
+	if !ok {
+		return m, false
+	}
+	a, ok := lastAxisReduce(neg[0], backends.OpTypeReduceSum)
+	if !ok {
+		return m, false
+	}
+	// When the layer's input is also read elsewhere (a residual connection), GoMLX adds that gradient to a
+	// before the mean's: root = Add(Add(residual, a), mean).
+	if in[0] != a {
+		sum, ok := is(in[0], backends.OpTypeAdd, 2)
+		if !ok || (sum[0] != a && sum[1] != a) {
+			return m, false
+		}
+		m.residual = sum[0]
+		if sum[0] == a {
+			m.residual = sum[1]
+		}
+		if !shapeOf(m.residual).Equal(shapeOf(root)) {
+			return m, false
+		}
+	}
+	// a = (g/σ + k·c) + k·c
+	outer, ok := is(a, backends.OpTypeAdd, 2)
+	if !ok {
+		return m, false
+	}
+	inner, ok := is(outer[0], backends.OpTypeAdd, 2)
+	if !ok {
+		return m, false
+	}
+	kc1, ok1 := is(inner[1], backends.OpTypeMul, 2)
+	kc2, ok2 := is(outer[1], backends.OpTypeMul, 2)
+	// Each product reads k through a broadcast node of its own.
+	if !ok1 || !ok2 || sourceOf(kc1[0]) != sourceOf(kc2[0]) || kc1[1] != kc2[1] {
+		return m, false
+	}
+	if m.forward, ok = forwards[kc1[1]]; !ok {
+		return m, false
+	}
+	f := m.forward
+	if !shapeOf(root).Equal(shapeOf(f.x)) {
+		return m, false
+	}
+	m.invN, m.epsilon = f.invN, f.epsilon
+	// k = dσ·((1/σ)·½)·(1/n), per row.
+	kMul, ok := is(sourceOf(kc1[0]), backends.OpTypeMul, 2)
+	if !ok {
+		return m, false
+	}
+	if m.invNDeviation, ok = scalarOperand(kMul, 1); !ok {
+		return m, false
+	}
+	dMul, ok := is(throughReshapes(kMul[0]), backends.OpTypeMul, 2)
+	if !ok {
+		return m, false
+	}
+	halfMul, ok := is(dMul[1], backends.OpTypeMul, 2)
+	if !ok {
+		return m, false
+	}
+	if m.half, ok = scalarOperand(halfMul, 1); !ok {
+		return m, false
+	}
+	inverse, ok := is(halfMul[0], backends.OpTypeDiv, 2)
+	if !ok || throughReshapes(inverse[1]) != f.deviation {
+		return m, false
+	}
+	if m.one, ok = scalarOperand(inverse, 0); !ok {
+		return m, false
+	}
+	// dσ = −Σ g·(c/σ²)
+	summed, ok := lastAxisReduce(dMul[0], backends.OpTypeReduceSum)
+	if !ok {
+		return m, false
+	}
+	negated, ok := is(summed, backends.OpTypeNeg, 1)
+	if !ok {
+		return m, false
+	}
+	gu, ok := is(negated[0], backends.OpTypeMul, 2)
+	if !ok {
+		return m, false
+	}
+	g := gu[0]
+	u, ok := is(gu[1], backends.OpTypeDiv, 2)
+	if !ok || u[0] != f.centred {
+		return m, false
+	}
+	squared, ok := is(u[1], backends.OpTypeMul, 2)
+	if !ok || sourceOf(squared[0]) != f.deviation || sourceOf(squared[1]) != f.deviation {
+		return m, false
+	}
+	// g/σ, and g = dy·gain.
+	scaled, ok := is(inner[0], backends.OpTypeDiv, 2)
+	if !ok || scaled[0] != g || sourceOf(scaled[1]) != f.deviation {
+		return m, false
+	}
+	dyGain, ok := is(g, backends.OpTypeMul, 2)
+	if !ok || sourceOf(dyGain[1]) != throughReshapes(f.gain) || !shapeOf(dyGain[0]).Equal(shapeOf(root)) {
+		return m, false
+	}
+	m.dy = dyGain[0]
+	return m, true
+}
+
 // maskInput returns the node a row kernel reads a mask from, and the mask's dimensions laid over the rows'
 // tensor: the source of a broadcast that keeps axes in order and repeats whole rows (a causal mask is
 // [1, T, 1, T] under attention's [b, T, h, T] scores), else the mask itself.
@@ -398,6 +555,12 @@ func maskInput(mask *simplego.Node) (*simplego.Node, []int) {
 // rewriteRows finds the softmaxes (with their gradients) and layer norms of the graph computing outputs,
 // and rewrites each into a row kernel (see rowKernel). It returns how many nodes it rewrote.
 func rewriteRows(outputs []*simplego.Node) (int, error) {
+	// Layer norms' gradients first: once they recompute what they read of their forwards, nothing else reads
+	// the forwards' intermediate values, and the forwards below become row kernels too.
+	layerNormGradients, err := rewriteLayerNormGradients(outputs)
+	if err != nil {
+		return layerNormGradients, err
+	}
 	g := newGraph(outputs)
 	type rewrite struct {
 		node   *simplego.Node
@@ -472,6 +635,67 @@ func rewriteRows(outputs []*simplego.Node) (int, error) {
 		rewrites = append(rewrites, withMask(kernel, m, m.root, []*simplego.Node{m.logits}))
 	}
 	// Rewritten only now: the gradients' patterns read nodes of the forwards' (never their roots).
+	for i, r := range rewrites {
+		if err := gomlxpatch.Rewrite(r.node, fusedOpType, r.inputs, r.kernel); err != nil {
+			return layerNormGradients + i, err
+		}
+	}
+	return layerNormGradients + len(rewrites), nil
+}
+
+// rewriteLayerNormGradients rewrites the gradients of layer norms with respect to their inputs into
+// layerNormGradKernels, and the products of an incoming gradient with a layer norm's normalised values (the
+// gain's gradient sums them) into layerNormProductKernels. It returns how many nodes it rewrote.
+func rewriteLayerNormGradients(outputs []*simplego.Node) (int, error) {
+	g := newGraph(outputs)
+	forwards := map[*simplego.Node]layerNormMatch{}   // by centred node
+	normalized := map[*simplego.Node]layerNormMatch{} // by normalised node
+	for _, node := range g.order {
+		if m, ok := matchLayerNorm(node); ok {
+			forwards[m.centred] = m
+			normalized[m.normalized] = m
+		}
+	}
+	if len(forwards) == 0 {
+		return 0, nil
+	}
+	type rewrite struct {
+		node   *simplego.Node
+		inputs []*simplego.Node
+		kernel rowKernel
+	}
+	var rewrites []rewrite
+	for _, node := range g.order {
+		if m, ok := matchLayerNormGradient(node, forwards); ok {
+			layout := newRowLayout(shapeOf(node), nil)
+			layout.width = 4
+			kernel := &layerNormGradKernel{layout: layout, layerNormGradConstants: m.layerNormGradConstants}
+			inputs := []*simplego.Node{m.forward.x, m.forward.gain, m.dy}
+			if m.residual != nil {
+				kernel.residual = true
+				inputs = append(inputs, m.residual)
+			}
+			rewrites = append(rewrites, rewrite{node, inputs, kernel})
+			continue
+		}
+		in, ok := is(node, backends.OpTypeMul, 2)
+		if !ok {
+			continue
+		}
+		for i := range in {
+			f, ok := normalized[in[i]]
+			dy := in[1-i]
+			if !ok || !shapeOf(dy).Equal(shapeOf(node)) || !shapeOf(node).Equal(shapeOf(f.x)) {
+				continue
+			}
+			layout := newRowLayout(shapeOf(node), nil)
+			layout.width = 2
+			kernel := &layerNormProductKernel{layout: layout, invN: f.invN, epsilon: f.epsilon}
+			rewrites = append(rewrites, rewrite{node, []*simplego.Node{f.x, dy}, kernel})
+			break
+		}
+	}
+	// Rewritten only now: a product's pattern may read a node a gradient's reads.
 	for i, r := range rewrites {
 		if err := gomlxpatch.Rewrite(r.node, fusedOpType, r.inputs, r.kernel); err != nil {
 			return i, err

@@ -3,6 +3,7 @@ package fusion
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/gomlx/gomlx/backends"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goaccel/goaccel/cpu/internal/computetest"
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 )
 
 // gradientTolerance bounds how far the softmax gradient's row kernel, y·(g − Σ y·g), may land from GoMLX's
@@ -267,31 +269,63 @@ func TestSoftmaxGradientFiniteDifferences(t *testing.T) {
 func TestLayerNormRowKernel(t *testing.T) {
 	unfused, fused := backendsUnderTest(t)
 	rng := rand.New(rand.NewPCG(7, 8))
+	defer threads.Set(threads.Budget())
+	threads.Set(3) // the large cases split their rows over uneven parts
+	// What the graph differentiates: nothing, the input alone (the loss Σ y²), or the input, the gain and the
+	// offset (the loss Σ y·w), as a transformer's training step does.
+	const (
+		forward = iota
+		input
+		all
+		residual // every gradient, and the input read by a residual connection too
+	)
 	for _, tc := range []struct {
-		name     string
-		dims     []int
-		epsilon  float64
-		gradient bool
-		kernels  int
+		name    string
+		dims    []int
+		epsilon float64
+		wrt     int
+		kernels int // the forward, the input's gradient, and dy times the normalised values
 	}{
-		{"transformer", []int{4, 16, 128}, 1e-5, false, 1},
-		{"rows of 1", []int{5, 1}, 1e-3, false, 1},
-		{"long rows", []int{3, 4099}, 1e-5, false, 1},
-		{"with its gradient: left to GoMLX", []int{4, 8, 32}, 1e-5, true, 0},
+		{"transformer", []int{4, 16, 128}, 1e-5, forward, 1},
+		{"rows of 1", []int{5, 1}, 1e-3, forward, 1},
+		{"long rows", []int{3, 4099}, 1e-5, forward, 1},
+		{"large: rows split over threads", []int{32, 64, 128}, 1e-5, forward, 1},
+		{"with the input's gradient", []int{4, 8, 32}, 1e-5, input, 2},
+		{"with every gradient", []int{4, 8, 32}, 1e-5, all, 3},
+		// GoMLX builds another gradient for rows of one element, which is left as it is.
+		{"every gradient, rows of 1", []int{6, 1}, 1e-3, all, 1},
+		{"every gradient, long rows", []int{2, 3, 2053}, 1e-5, all, 3},
+		{"every gradient, large: split over threads", []int{32, 64, 128}, 1e-5, all, 3},
+		{"a residual connection", []int{4, 8, 32}, 1e-5, residual, 3},
+		{"a residual connection, large", []int{32, 64, 128}, 1e-5, residual, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := shapes.Make(dtypes.Float32, tc.dims...)
 			n := tc.dims[len(tc.dims)-1]
 			x := specialRows(computetest.RandomTensor(rng, s), n)
+			w := specialRows(computetest.RandomTensor(rng, s), n)
 			gain := computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, n))
 			run := func(backend backends.Backend) []*tensors.Tensor {
 				ctx := context.New()
-				exec := context.MustNewExec(backend, ctx, func(ctx *context.Context, x *graph.Node) []*graph.Node {
-					y := layers.LayerNormalization(ctx, x, -1).Epsilon(tc.epsilon).Done()
-					if !tc.gradient {
-						return []*graph.Node{y}
+				exec := context.MustNewExec(backend, ctx, func(ctx *context.Context, x, w *graph.Node) []*graph.Node {
+					switch tc.wrt {
+					case input:
+						y := layers.LayerNormalization(ctx, x, -1).Epsilon(tc.epsilon).Done()
+						return []*graph.Node{y, graph.Gradient(graph.ReduceAllSum(graph.Mul(y, y)), x)[0]}
+					case all:
+						return layerNormTrainingWith(ctx, x, w, tc.epsilon)
+					case residual:
+						// x is an activation of the loss's input (as a block's input is), read by the layer
+						// norm and by the residual sum.
+						h := graph.Mul(x, x)
+						y := graph.Add(h, layers.LayerNormalization(ctx, h, -1).Epsilon(tc.epsilon).Done())
+						wrt := []*graph.Node{x}
+						for v := range ctx.IterVariables() {
+							wrt = append(wrt, v.ValueGraph(x.Graph()))
+						}
+						return append([]*graph.Node{y}, graph.Gradient(graph.ReduceAllSum(graph.Mul(y, w)), wrt...)...)
 					}
-					return []*graph.Node{y, graph.Gradient(graph.ReduceAllSum(graph.Mul(y, y)), x)[0]}
+					return []*graph.Node{layers.LayerNormalization(ctx, x, -1).Epsilon(tc.epsilon).Done()}
 				})
 				local := func(v *tensors.Tensor) *tensors.Tensor {
 					c, err := v.LocalClone()
@@ -299,13 +333,13 @@ func TestLayerNormRowKernel(t *testing.T) {
 					return c
 				}
 				// A gain and an offset other than GoMLX's initial ones and zeros.
-				exec.MustExec(local(x))
+				exec.MustExec(local(x), local(w))
 				for v := range ctx.IterVariables() {
 					if v.Shape().Size() == n {
 						v.MustSetValue(local(gain))
 					}
 				}
-				return exec.MustExec(local(x))
+				return exec.MustExec(local(x), local(w))
 			}
 			want := run(unfused)
 			before := Calls()
@@ -316,6 +350,73 @@ func TestLayerNormRowKernel(t *testing.T) {
 				sameValues(t, want[i], got[i], "output %d", i)
 			}
 		})
+	}
+}
+
+// TestLayerNormGradientFiniteDifferences checks the rewritten gradient with respect to the input against
+// float64 central differences of the layer norm, on rows without special values.
+func TestLayerNormGradientFiniteDifferences(t *testing.T) {
+	_, fused := backendsUnderTest(t)
+	rng := rand.New(rand.NewPCG(17, 18))
+	const n, rows, epsilon = 12, 3, 1e-5
+	xs := make([]float32, rows*n)
+	ws := make([]float32, rows*n)
+	gain := make([]float32, n)
+	for i := range xs {
+		xs[i], ws[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	for i := range gain {
+		gain[i] = float32(0.5 + rng.Float64())
+	}
+	ctx := context.New()
+	exec := context.MustNewExec(fused, ctx, func(ctx *context.Context, x, w *graph.Node) []*graph.Node {
+		return layerNormTrainingWith(ctx, x, w, epsilon)
+	})
+	x := tensors.FromFlatDataAndDimensions(xs, rows, n)
+	w := tensors.FromFlatDataAndDimensions(ws, rows, n)
+	exec.MustExec(x, w)
+	for v := range ctx.IterVariables() {
+		if v.Shape().Size() == n && v.Name() == "gain" {
+			v.MustSetValue(tensors.FromFlatDataAndDimensions(slices.Clone(gain), n))
+		}
+	}
+	before := Calls()
+	out := exec.MustExec(x, w)
+	require.Equal(t, before.RowKernels, Calls().RowKernels, "compiled before")
+	dx := tensors.MustCopyFlatData[float32](out[1])
+	// loss(x) = Σ LN(x)·w in float64.
+	loss := func(x []float64) float64 {
+		total := 0.0
+		for r := range rows {
+			row := x[r*n : (r+1)*n]
+			mean, variance := 0.0, 0.0
+			for _, v := range row {
+				mean += v
+			}
+			mean /= n
+			for _, v := range row {
+				variance += (v - mean) * (v - mean)
+			}
+			deviation := math.Sqrt(variance/n + epsilon)
+			for i, v := range row {
+				total += (v - mean) / deviation * float64(gain[i]) * float64(ws[r*n+i])
+			}
+		}
+		return total
+	}
+	x64 := make([]float64, len(xs))
+	for i, v := range xs {
+		x64[i] = float64(v)
+	}
+	const h = 1e-6
+	for i := range x64 {
+		saved := x64[i]
+		x64[i] = saved + h
+		up := loss(x64)
+		x64[i] = saved - h
+		down := loss(x64)
+		x64[i] = saved
+		assert.InDelta(t, (up-down)/(2*h), float64(dx[i]), 1e-3, "element %d", i)
 	}
 }
 
@@ -395,4 +496,43 @@ func BenchmarkRowKernels(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkLayerNormTraining is a transformer's layer norm in training ([32, 64, 128], GoMLX's layer with its
+// gain and offset): the forward and the gradients with respect to the input, the gain and the offset.
+func BenchmarkLayerNormTraining(b *testing.B) {
+	_, fused := backendsUnderTest(b)
+	rng := rand.New(rand.NewPCG(15, 16))
+	s := shapes.Make(dtypes.Float32, 32, 64, 128)
+	x, w := computetest.RandomTensor(rng, s), computetest.RandomTensor(rng, s)
+	for _, on := range []bool{false, true} {
+		name := map[bool]string{false: "chains", true: "rows"}[on]
+		b.Run(name, func(b *testing.B) {
+			defer func(was bool) { rowKernelsOn = was }(rowKernelsOn)
+			rowKernelsOn = on
+			exec := context.MustNewExec(fused, context.New(), layerNormTraining)
+			exec.MustExec(x, w)
+			b.SetBytes(int64(4 * s.Size()))
+			b.ResetTimer()
+			for range b.N {
+				for _, out := range exec.MustExec(x, w) {
+					out.FinalizeAll()
+				}
+			}
+		})
+	}
+}
+
+// layerNormTraining is GoMLX's layer norm of x and its gradients (input, gain, offset) for the loss Σ y·w.
+func layerNormTraining(ctx *context.Context, x, w *graph.Node) []*graph.Node {
+	return layerNormTrainingWith(ctx, x, w, 1e-5)
+}
+
+func layerNormTrainingWith(ctx *context.Context, x, w *graph.Node, epsilon float64) []*graph.Node {
+	y := layers.LayerNormalization(ctx, x, -1).Epsilon(epsilon).Done()
+	wrt := []*graph.Node{x}
+	for v := range ctx.IterVariables() {
+		wrt = append(wrt, v.ValueGraph(x.Graph()))
+	}
+	return append([]*graph.Node{y}, graph.Gradient(graph.ReduceAllSum(graph.Mul(y, w)), wrt...)...)
 }
