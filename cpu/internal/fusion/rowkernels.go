@@ -99,11 +99,11 @@ func (l *rowLayout) prefixes(s *rowScratch, mask []bool) []int32 {
 	return p
 }
 
-// forRows calls fn for every row with its index and its mask row's index (0 without a mask), walking the
-// leading axes as an odometer so that a broadcast mask costs no division per row.
-func (l *rowLayout) forRows(fn func(row, maskRow int)) {
+// forRows calls fn for rows [first, end) with each row's index and its mask row's index (0 without a mask),
+// walking the leading axes as an odometer so that a broadcast mask costs no division per row.
+func (l *rowLayout) forRows(first, end int, fn func(row, maskRow int)) {
 	if l.maskDims == nil {
-		for r := range l.rows {
+		for r := first; r < end; r++ {
 			fn(r, 0)
 		}
 		return
@@ -118,9 +118,15 @@ func (l *rowLayout) forRows(fn func(row, maskRow int)) {
 		}
 		stride *= l.maskDims[a]
 	}
+	// The odometer's reading at row first.
 	index := make([]int, len(lead))
 	maskRow := 0
-	for r := range l.rows {
+	for a, rest := len(lead)-1, first; a >= 0; a-- {
+		index[a] = rest % lead[a]
+		rest /= lead[a]
+		maskRow += index[a] * strides[a]
+	}
+	for r := first; r < end; r++ {
 		fn(r, maskRow)
 		for a := len(lead) - 1; a >= 0; a-- {
 			index[a]++
@@ -193,37 +199,41 @@ func (k *softmaxKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer
 		return nil, err
 	}
 	l := k.layout
-	s := l.state()
-	defer l.scratch.Put(s)
 	var prefix []int32
 	var mask []bool
 	if k.masked {
 		mask = data[want-1].([]bool)
+		s := l.state() // holds the prefixes until every row is done
+		defer l.scratch.Put(s)
 		prefix = l.prefixes(s, mask)
 	}
 	n := l.n
 	if k.gradient {
 		y, g := data[0].([]float32), data[1].([]float32)
-		l.forRows(func(r, maskRow int) {
-			length := unmasked(prefix, maskRow, n)
-			lo, hi := r*n, (r+1)*n
-			if length < 0 {
-				softmaxGradientMasked(out[lo:hi], y[lo:hi], g[lo:hi], mask[maskRow*n:(maskRow+1)*n], s.row)
-				return
-			}
-			softmaxGradientRow(out[lo:hi], y[lo:hi], g[lo:hi], length, s.row)
+		l.splitRows(func(s *rowScratch, first, end int) {
+			l.forRows(first, end, func(r, maskRow int) {
+				length := unmasked(prefix, maskRow, n)
+				lo, hi := r*n, (r+1)*n
+				if length < 0 {
+					softmaxGradientMasked(out[lo:hi], y[lo:hi], g[lo:hi], mask[maskRow*n:(maskRow+1)*n], s.row)
+					return
+				}
+				softmaxGradientRow(out[lo:hi], y[lo:hi], g[lo:hi], length, s.row)
+			})
 		})
 		return output, nil
 	}
 	x := data[0].([]float32)
-	l.forRows(func(r, maskRow int) {
-		length := unmasked(prefix, maskRow, n)
-		lo, hi := r*n, (r+1)*n
-		if length < 0 {
-			softmaxMasked(out[lo:hi], x[lo:hi], mask[maskRow*n:(maskRow+1)*n], k.maskValue, s.row)
-			return
-		}
-		softmaxRow(out[lo:hi], x[lo:hi], length, k.maskValue)
+	l.splitRows(func(s *rowScratch, first, end int) {
+		l.forRows(first, end, func(r, maskRow int) {
+			length := unmasked(prefix, maskRow, n)
+			lo, hi := r*n, (r+1)*n
+			if length < 0 {
+				softmaxMasked(out[lo:hi], x[lo:hi], mask[maskRow*n:(maskRow+1)*n], k.maskValue, s.row)
+				return
+			}
+			softmaxRow(out[lo:hi], x[lo:hi], length, k.maskValue)
+		})
 	})
 	return output, nil
 }

@@ -87,6 +87,9 @@ func softmaxCases() []rowCase {
 			rowCase{"softmax, rows of 1" + suffix, []int{19, 1}, plain, ofOne, grad},
 			rowCase{"softmax, long rows" + suffix, []int{3, 5003}, plain, kernels, grad},
 			rowCase{"random mask" + suffix, []int{6, 5, 29}, random, kernels, grad},
+			// Split over the compute threads: each part starts its walk of the mask rows mid-tensor.
+			rowCase{"causal attention, large" + suffix, []int{8, 64, 4, 64}, causal, kernels, grad},
+			rowCase{"random mask, large" + suffix, []int{6, 50, 3, 29}, random, kernels, grad},
 		)
 	}
 	return cases
@@ -159,6 +162,8 @@ func runRows(t *testing.T, backend backends.Backend, tc rowCase, x, w, mask *ten
 // each element's scale, and NaN exactly where GoMLX's is.
 func TestSoftmaxRowKernels(t *testing.T) {
 	unfused, fused := backendsUnderTest(t)
+	defer threads.Set(threads.Budget())
+	threads.Set(3) // the large cases split their rows over uneven parts
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, tc := range softmaxCases() {
 		t.Run(tc.name, func(t *testing.T) {
