@@ -15,13 +15,13 @@ const (
 	// least, on one process and on several.
 	goalMLPVsPyTorch1 = 1.5
 	goalMLPVsPyTorchN = 1.2
-	goalCNNVsPyTorch  = 1.0 // the demo's CNN: examples/s over PyTorch DDP's, at least, on 1 and 2 processes
+	goalCNNVsPyTorch  = 1.5 // the demo's CNN: examples/s over PyTorch DDP's, at least, on 1 and 2 processes
 	// goalCNNAccuracyGap: after the same epochs, goaccel's CNN is at most this far below PyTorch's in test
 	// accuracy, in the median over the rounds' seeds. The bench trains one epoch; the demo's default five
 	// reach 0.90 (README), too long to repeat here for every variant.
 	goalCNNAccuracyGap = 0.01
 	// goalTransformerVsPyTorch: examples/charlm's tokens/s over its PyTorch twin's, at least.
-	goalTransformerVsPyTorch = 1.0
+	goalTransformerVsPyTorch = 1.2
 	// goalTransformerLossGap: after the same optimizer steps, goaccel's validation loss differs from PyTorch's
 	// by at most this fraction of it, either way: the twins are the same model, trained the same way.
 	goalTransformerLossGap = 0.02
@@ -133,6 +133,19 @@ func (g *goal) judge(ok bool, format string, args ...any) {
 	g.measured = append(g.measured, fmt.Sprintf(format, args...))
 }
 
+// judgeRatio judges a speed ratio q against its goal, labelled (empty: no label); a ratio short of it says by
+// how much goaccel would have to speed up to meet it.
+func (g *goal) judgeRatio(q, target float64, label string) {
+	measured := fmt.Sprintf("%.2f×", q)
+	if label != "" {
+		measured = label + ": " + measured
+	}
+	if q < target && q > 0 {
+		measured += fmt.Sprintf(" (%.0f%% short)", 100*(target/q-1))
+	}
+	g.judge(q >= target, "%s", measured)
+}
+
 func goals(res *results) []*goal {
 	mlp1 := &goal{what: "End to end: MLP throughput, 1 process",
 		target: fmt.Sprintf("goaccel ≥ %.1f× PyTorch's examples/s", goalMLPVsPyTorch1)}
@@ -141,16 +154,16 @@ func goals(res *results) []*goal {
 	for _, pair := range endToEndPairs(res, "mlp") {
 		q := pair[0].examplesPerSecond() / pair[1].examplesPerSecond()
 		if pair[0].Procs == 1 {
-			mlp1.judge(q >= goalMLPVsPyTorch1, "%.2f×", q)
+			mlp1.judgeRatio(q, goalMLPVsPyTorch1, "")
 		} else {
-			mlpN.judge(q >= goalMLPVsPyTorchN, "%s: %.2f×", processes(pair[0].Procs), q)
+			mlpN.judgeRatio(q, goalMLPVsPyTorchN, processes(pair[0].Procs))
 		}
 	}
 	cnn := &goal{what: "End to end: CNN throughput",
 		target: fmt.Sprintf("goaccel ≥ %.1f× PyTorch DDP's examples/s, 1 and 2 processes", goalCNNVsPyTorch)}
 	for _, pair := range endToEndPairs(res, "cnn") {
 		q := pair[0].examplesPerSecond() / pair[1].examplesPerSecond()
-		cnn.judge(q >= goalCNNVsPyTorch, "%s: %.2f×", processes(pair[0].Procs), q)
+		cnn.judgeRatio(q, goalCNNVsPyTorch, processes(pair[0].Procs))
 	}
 	accuracy := &goal{what: "End to end: CNN accuracy", target: fmt.Sprintf("after the same epochs, goaccel's test "+
 		"accuracy ≥ PyTorch's − %.2f, medians over seeds (the demo's default 5 epochs reach ≥ 0.90)", goalCNNAccuracyGap)}
@@ -164,7 +177,7 @@ func goals(res *results) []*goal {
 		"steps, within %.0f%% of PyTorch's", 100*goalTransformerLossGap)}
 	for _, pair := range transformerPairs(res) {
 		q := pair[0].tokensPerSecond() / pair[1].tokensPerSecond()
-		tokens.judge(q >= goalTransformerVsPyTorch, "%s: %.2f×", processes(pair[0].Procs), q)
+		tokens.judgeRatio(q, goalTransformerVsPyTorch, processes(pair[0].Procs))
 		gap := lossGap(pair)
 		loss.judge(math.Abs(gap) <= goalTransformerLossGap, "%s: %.4f vs %.4f (%s)", processes(pair[0].Procs),
 			quantile(pair[0].ValidationLoss, 0.5), quantile(pair[1].ValidationLoss, 0.5), signedPercent(gap))

@@ -214,7 +214,7 @@ func resNetGoals(res *results) []*goal {
 	for _, n := range resNetProcs(res) {
 		g, t := resNetRun(res, implGoaccel, n), resNetRun(res, implPyTorch, n)
 		q := ratio(g.PerExample, t.PerExample)
-		throughput.judge(q >= goalResNetVsPyTorch, "%s: %.2f×", processes(n), q)
+		throughput.judgeRatio(q, goalResNetVsPyTorch, processes(n))
 		a, b := quantile(g.TestAccuracy, 0.5), quantile(t.TestAccuracy, 0.5)
 		// Rounded as shown, so that a gap the page prints as 0.0100 is met.
 		accuracy.judge(math.Round(math.Abs(a-b)*1e4) <= goalResNetAccuracyGap*1e4, "%s: %.4f vs %.4f",

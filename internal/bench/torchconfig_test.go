@@ -211,7 +211,7 @@ func TestPyTorchCalibration(t *testing.T) {
 		{name: "two threads faster, two rounds", procs: 1, rounds: 2,
 			figures:     map[string]string{"1/unset": "1000 0.80", "2/unset": "1250 0.80"},
 			calibration: []string{"1/(unset)", "2/(unset)", "2/(unset)", "1/(unset)"}, chosen: torchConfig{Threads: 2},
-			measured: "2/(unset)", goal: "| 1.20× | no |",
+			measured: "2/(unset)", goal: "| 1.20× (25% short) | no |",
 			page: []string{"| MLP, 1 process | 2 threads | 1250 ±0% | 0.8000 | **chosen** |"}},
 		{name: "two processes on two cores: nothing to calibrate", procs: 2, rounds: 1,
 			figures:  map[string]string{"1/unset": "1000 0.80"},
@@ -227,7 +227,7 @@ func TestPyTorchCalibration(t *testing.T) {
 			figures: map[string]string{"1/set": "1000 0.80", "1/unset": "1500 0.795", "2/set": "700 0.80",
 				"2/unset": "900 0.80"},
 			calibration: []string{"2/(unset)", "2/Haswell", "1/(unset)", "1/Haswell"},
-			chosen:      torchConfig{Threads: 1, UnsetCoreType: true}, measured: "1/(unset)", goal: "| 1.00× | no |",
+			chosen:      torchConfig{Threads: 1, UnsetCoreType: true}, measured: "1/(unset)", goal: "| 1.00× (50% short) | no |",
 			page: []string{
 				"each with `OPENBLAS_CORETYPE=Haswell` as the environment sets it (goaccel runs with it) and without it. " +
 					"A candidate without it is eligible only when its test accuracy is within 0.01 of that of the run " +
