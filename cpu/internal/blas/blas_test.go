@@ -23,6 +23,7 @@ import (
 
 	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
 	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
+	"github.com/goaccel/goaccel/cpu/internal/threads"
 )
 
 // pinnedGoMLXVersion is the GoMLX release whose simplego internals (executor table, Node.data,
@@ -471,6 +472,13 @@ func TestTransposeInto(t *testing.T) {
 	}
 	cases = append(cases, transposeCase{[]int{70, 45}, []int{1, 0}}, transposeCase{[]int{3, 40, 37}, []int{0, 2, 1}},
 		transposeCase{[]int{40, 3, 37}, []int{2, 1, 0}}, transposeCase{[]int{33, 2, 65}, []int{1, 2, 0}})
+	// Large enough to split over the threads: by blocks (attention's heads), by rows of one block, and by rows
+	// of fewer blocks than threads.
+	defer threads.Set(threads.Budget())
+	threads.Set(3)
+	cases = append(cases, transposeCase{[]int{32, 64, 4, 32}, []int{0, 2, 1, 3}}, transposeCase{[]int{300, 200}, []int{1, 0}},
+		transposeCase{[]int{3, 200, 150}, []int{0, 2, 1}}, transposeCase{[]int{2, 190, 170}, []int{0, 2, 1}},
+		transposeCase{[]int{5, 7, 40, 33}, []int{3, 1, 0, 2}})
 	for _, tc := range cases {
 		dims, permutation, rank := tc.dims, tc.permutation, len(tc.dims)
 		src := randomFlat[float64](rng, product(dims))

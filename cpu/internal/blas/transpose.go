@@ -1,5 +1,7 @@
 package blas
 
+import "github.com/goaccel/goaccel/cpu/internal/threads"
+
 // transposeTile is the side of the square tiles a transposing copy walks, so that both the rows read and
 // the rows written stay in cache while a tile is copied.
 const transposeTile = 32
@@ -44,13 +46,55 @@ func transposeInto[T any](dst, src []T, srcDims, permutation []int) {
 	numOuter := len(dims) - 2
 	rows, cols := dims[numOuter], dims[numOuter+1]
 	rowStride, colStride := strides[numOuter], strides[numOuter+1]
+	blocks := 1
+	for _, d := range dims[:numOuter] {
+		blocks *= d
+	}
+	workers := min(threads.Budget(), blocks*rows)
+	if len(dst) < parallelTranspose || workers < 2 {
+		copyBlocks(dst, src, dims, strides, 0, blocks)
+		return
+	}
+	if blocks >= workers {
+		threads.Split(workers, func(w int) { copyBlocks(dst, src, dims, strides, blocks*w/workers, blocks*(w+1)/workers) })
+		return
+	}
+	// Fewer blocks than threads (one large 2D transpose, say): each thread takes rows of every block.
+	threads.Split(workers, func(w int) {
+		first, end := rows*w/workers, rows*(w+1)/workers
+		for b := range blocks {
+			srcOffset := 0
+			for axis, rest := numOuter-1, b; axis >= 0; axis-- {
+				srcOffset += (rest % dims[axis]) * strides[axis]
+				rest /= dims[axis]
+			}
+			block := dst[b*rows*cols : (b+1)*rows*cols]
+			copyBlock(block[first*cols:end*cols], src, srcOffset+first*rowStride, end-first, cols, rowStride, colStride)
+		}
+	})
+}
+
+// parallelTranspose is the size from which a transpose is split over the compute threads (threads.Split):
+// below it the hand-over costs more than the copy saves.
+const parallelTranspose = 1 << 15
+
+// copyBlocks copies the 2D blocks [first, end) of a merged transpose (see transposeInto): dims and strides
+// are dst's axes and the src strides that advance them, the last two the blocks' rows and columns.
+func copyBlocks[T any](dst, src []T, dims, strides []int, first, end int) {
+	numOuter := len(dims) - 2
+	rows, cols := dims[numOuter], dims[numOuter+1]
+	rowStride, colStride := strides[numOuter], strides[numOuter+1]
+	// The odometer's reading at block first.
 	counters := make([]int, numOuter)
-	srcOffset, dstOffset := 0, 0
-	for {
-		copyBlock(dst[dstOffset:dstOffset+rows*cols], src, srcOffset, rows, cols, rowStride, colStride)
-		dstOffset += rows * cols
-		axis := numOuter - 1
-		for ; axis >= 0; axis-- {
+	srcOffset := 0
+	for axis, rest := numOuter-1, first; axis >= 0; axis-- {
+		counters[axis] = rest % dims[axis]
+		rest /= dims[axis]
+		srcOffset += counters[axis] * strides[axis]
+	}
+	for b := first; b < end; b++ {
+		copyBlock(dst[b*rows*cols:(b+1)*rows*cols], src, srcOffset, rows, cols, rowStride, colStride)
+		for axis := numOuter - 1; axis >= 0; axis-- {
 			counters[axis]++
 			srcOffset += strides[axis]
 			if counters[axis] < dims[axis] {
@@ -58,9 +102,6 @@ func transposeInto[T any](dst, src []T, srcDims, permutation []int) {
 			}
 			srcOffset -= strides[axis] * dims[axis]
 			counters[axis] = 0
-		}
-		if axis < 0 {
-			return
 		}
 	}
 }
