@@ -34,6 +34,12 @@ func TestReductionsMatchSimplego(t *testing.T) {
 		{[]int{6, 5, 7}, []int{0, 2}, false},
 		{[]int{9, 130}, []int{1}, true}, // a layer norm's statistics
 		{[]int{3, 4, 64}, []int{2}, true},
+		// Bias gradients of convolutions with 16 and 32 channels, and 16 to 63 channels with a remainder
+		// (columns summed in blocks of 16), under a leading axis kept.
+		{[]int{4, 7, 7, 16}, []int{0, 1, 2}, true},
+		{[]int{2, 5, 5, 32}, []int{0, 1, 2}, true},
+		{[]int{3, 11, 37}, []int{1}, true},
+		{[]int{2, 9, 63}, []int{1}, true},
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, c := range cases {
