@@ -31,7 +31,8 @@ func TestOf(t *testing.T) {
 
 // TestExpand checks Expand against Index for every window of an output, both kinds of pattern.
 func TestExpand(t *testing.T) {
-	for _, p := range []Pattern{{3, 4, 1}, {2, 3, 5}, {1, 1, 7}, {4, 2, 3}, {2, 3, 19}} {
+	// Repeats of the small operand many times over (a bias under a tile) copy it after itself, doubling.
+	for _, p := range []Pattern{{3, 4, 1}, {2, 3, 5}, {1, 1, 7}, {4, 2, 3}, {2, 3, 19}, {12, 16, 1}, {20, 7, 1}} {
 		small := make([]int, p.Within)
 		for i := range small {
 			small[i] = 100 + i
