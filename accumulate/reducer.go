@@ -12,6 +12,7 @@ import (
 
 	"github.com/goaccel/goaccel/backends"
 	"github.com/goaccel/goaccel/internal/floats"
+	"github.com/goaccel/goaccel/internal/vec32"
 )
 
 // Reducer owns the synchronisation of one model's gradients: the bucket accumulators, the decision (from
@@ -329,13 +330,23 @@ func allVariablesFinite(vars []*context.Variable) (bool, error) {
 		}
 		finite := true
 		err = t.ConstFlatData(func(flat any) {
-			finite = floats.Do(flat, allFinite[float32], allFinite[float64])
+			finite = floats.Do(flat, allFinite32, allFinite[float64])
 		})
 		if err != nil || !finite {
 			return false, err
 		}
 	}
 	return true, nil
+}
+
+// allFinite32 is allFinite on vec32's sum first: a sum is finite only when every term is (an infinity or a
+// NaN among them makes it infinite or NaN), so a finite sum settles it in one vector pass; a sum that is not
+// (a term that is not, or finite terms whose sum overflowed) is settled element by element.
+func allFinite32(x []float32) bool {
+	if s := vec32.Sum(x); s-s == 0 {
+		return true
+	}
+	return allFinite(x)
 }
 
 func allFinite[F floats.Float](x []F) bool {
