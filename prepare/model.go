@@ -70,10 +70,12 @@ type Model struct {
 	// state of the accumulators between optimizer steps.
 	reducer *accumulate.Reducer
 
-	// execs are the compiled micro-steps, made on first use: [withOutputs][emit]. withOutputs also outputs
-	// predictions and metrics; emit outputs the gradients instead of adding them into the accumulators
-	// (ShardGradients, on a micro-batch that syncs straight after a step).
-	execs     [2][2]*context.Exec
+	// execs are the compiled micro-steps, made on first use: [withOutputs][emit][fresh]. withOutputs also
+	// outputs predictions and metrics; emit outputs the gradients instead of adding them into the
+	// accumulators (ShardGradients, on a micro-batch that syncs straight after a step); fresh sets the
+	// accumulators to the gradients without reading them, when they are known to hold zeros (the first
+	// micro-batch after a step).
+	execs     [2][2][2]*context.Exec
 	metricsFn MetricsFn
 	// numOutputs is the number of predictions the model function returns.
 	numOutputs int
@@ -205,7 +207,8 @@ func (m *Model) Materialize(batch Batch) (err error) {
 		return fmt.Errorf("prepare: initialising variables: %w", err)
 	}
 	// Every variable exists now: the executors reuse them, and would fail loudly on a new one.
-	if _, err := m.exec(false, m.sharding.Stage() == 2); err != nil {
+	emitFirst := m.sharding.Stage() == 2 // the first micro-batch starts clean: it emits, or sets the accumulators
+	if _, err := m.exec(false, emitFirst, freshAccumulators && !emitFirst); err != nil {
 		return err
 	}
 	reducerOpts := []accumulate.ReducerOption{accumulate.WithGradientState(m.rt.State),
@@ -265,22 +268,26 @@ func (m *Model) ReplicatedVariables() []*context.Variable {
 
 func isBucketVariable(v *context.Variable) bool { return v.Scope() == bucketScope }
 
-// exec is the compiled micro-step for withOutputs and emit, made on first use.
-func (m *Model) exec(withOutputs, emit bool) (*context.Exec, error) {
-	o, e := boolToInt(withOutputs), boolToInt(emit)
-	if m.execs[o][e] != nil {
-		return m.execs[o][e], nil
+// exec is the compiled micro-step for withOutputs, emit and fresh, made on first use.
+func (m *Model) exec(withOutputs, emit, fresh bool) (*context.Exec, error) {
+	o, e, f := boolToInt(withOutputs), boolToInt(emit), boolToInt(fresh)
+	if m.execs[o][e][f] != nil {
+		return m.execs[o][e][f], nil
 	}
 	exec, err := context.NewExec(m.rt.Backend, m.ctx.Reuse(), func(ctx *context.Context, nodes []*Node) []*Node {
-		return m.buildMicroStep(ctx, nodes, withOutputs, emit)
+		return m.buildMicroStep(ctx, nodes, withOutputs, emit, fresh)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("prepare: creating the training step: %w", err)
 	}
 	exec.SetMaxCache(16)
-	m.execs[o][e] = exec
+	m.execs[o][e][f] = exec
 	return exec, nil
 }
+
+// freshAccumulators lets the first micro-batch after a step set the accumulators instead of adding into
+// them (see Model.execs); tests turn it off to compare.
+var freshAccumulators = true
 
 // makeAccumulators makes the whole-bucket accumulators that ShardGradients leaves out until a micro-batch
 // accumulates without syncing, and tells the reducer.
@@ -301,7 +308,7 @@ func (m *Model) makeAccumulators() ([]*context.Variable, error) {
 
 // microStepOutputsGraph is microStepGraph that also outputs the predictions and the training metrics.
 func (m *Model) microStepOutputsGraph(ctx *context.Context, nodes []*Node) []*Node {
-	return m.buildMicroStep(ctx, nodes, true, false)
+	return m.buildMicroStep(ctx, nodes, true, false, false)
 }
 
 // microStepGraph is the compiled micro-batch step: forward, loss, gradients of the planned parameters,
@@ -330,10 +337,10 @@ func (m *Model) collectPerStepUpdates(ctx *context.Context, g *Graph) {
 }
 
 func (m *Model) microStepGraph(ctx *context.Context, nodes []*Node) []*Node {
-	return m.buildMicroStep(ctx, nodes, false, false)
+	return m.buildMicroStep(ctx, nodes, false, false, false)
 }
 
-func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs, emit bool) []*Node {
+func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs, emit, fresh bool) []*Node {
 	g := nodes[0].Graph()
 	ctx.SetTraining(g, true)
 	nIn, nLab := len(m.firstInputs), len(m.firstLabels)
@@ -394,7 +401,16 @@ func (m *Model) buildMicroStep(ctx *context.Context, nodes []*Node, withOutputs,
 	if !emit {
 		overlap := m.rt.Overlap && size > 1 && m.sharding.Stage() == 0
 		for b, acc := range m.buckets {
-			sum := Add(acc.ValueGraph(g), flats[b])
+			var sum *Node
+			if fresh {
+				// The accumulator holds zeros: x + 0 is 0 + x to the bit (−0 included), without reading it.
+				// Its value is still a parameter of the graph, which nothing computes with: GoMLX's context
+				// executor hands a variable the graph sets to its parameter (donating the old buffer).
+				_ = acc.ValueGraph(g)
+				sum = Add(flats[b], Scalar(g, acc.Shape().DType, 0))
+			} else {
+				sum = Add(acc.ValueGraph(g), flats[b])
+			}
 			if overlap {
 				// The bucket's final value on a micro-batch that syncs: the step hands it to the reducer as
 				// soon as it is computed, and the reducer starts its all-reduce while the backward goes on.
@@ -640,7 +656,9 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 			return res, err
 		}
 	}
-	exec, err := m.exec(withOutputs, emit)
+	// Nothing accumulated since the last step or clear: the accumulators hold zeros (Reducer.Dirty).
+	fresh := freshAccumulators && !emit && !m.reducer.Dirty()
+	exec, err := m.exec(withOutputs, emit, fresh)
 	if err != nil {
 		return res, err
 	}

@@ -24,11 +24,13 @@ import (
 // concatAddsOn turns the rewrite on; benchmarks turn it off to measure the copy it removes.
 var concatAddsOn = true
 
-// concatAddKernel is acc + Concatenate(parts, axis 0) of float32 vectors. Inputs: acc, then the parts.
+// concatAddKernel is acc + Concatenate(parts, axis 0) of float32 vectors. Inputs: acc, then the parts. acc
+// may be a scalar (an accumulator known to hold zeros is not read: the step adds the constant 0 instead).
 type concatAddKernel struct {
-	shape shapes.Shape // of acc and of the result
-	size  int          // elements of acc and of the result
-	sizes []int        // elements of each part, in order
+	shape  shapes.Shape // of the result
+	size   int          // elements of the result
+	sizes  []int        // elements of each part, in order
+	scalar bool         // acc is one value, added to every element
 }
 
 func (k *concatAddKernel) name() string { return "concatenate-and-add" }
@@ -41,7 +43,11 @@ func (k *concatAddKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 	if len(inputs) != 1+len(k.sizes) {
 		return nil, fmt.Errorf("fusion: %s: %d inputs, want %d", k.name(), len(inputs), 1+len(k.sizes))
 	}
-	data, output, out, err := rowBuffers(backend, k.name(), k.shape, inputs, inputsOwned, 0)
+	owned := inputsOwned
+	if k.scalar {
+		owned = make([]bool, len(inputs)) // the scalar's buffer cannot take the result
+	}
+	data, output, out, err := rowBuffers(backend, k.name(), k.shape, inputs, owned, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +62,11 @@ func (k *concatAddKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 		for _, part := range parts {
 			end := start + len(part)
 			if a, b := max(lo, start), min(hi, end); a < b {
-				vec32.Binary(vec32.Add, out[a:b], acc[a:b], part[a-start:b-start])
+				if k.scalar {
+					vec32.BinaryScalar(vec32.Add, out[a:b], part[a-start:b-start], acc[0])
+				} else {
+					vec32.Binary(vec32.Add, out[a:b], acc[a:b], part[a-start:b-start])
+				}
 			}
 			start = end
 		}
@@ -67,15 +77,19 @@ func (k *concatAddKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 		return output, nil
 	}
 	// Ranges of whole 64-byte lines, so no two threads write the same cache line.
-	per := (k.size/workers + 15) &^ 15
+	per := ((k.size+workers-1)/workers + 15) &^ 15
 	threads.Split(workers, func(w int) {
-		addRange(min(w*per, k.size), min((w+1)*per, k.size))
+		end := min((w+1)*per, k.size)
+		if w == workers-1 {
+			end = k.size
+		}
+		addRange(min(w*per, k.size), end)
 	})
 	return output, nil
 }
 
-// matchConcatAdd recognises Add(acc, Concatenate(parts, 0)) (either operand order) of float32 vectors, and
-// returns the accumulator and the concatenation.
+// matchConcatAdd recognises Add(acc, Concatenate(parts, 0)) (either operand order) of float32 vectors, acc a
+// vector of the result's size or a scalar, and returns the accumulator and the concatenation.
 func matchConcatAdd(node *simplego.Node) (acc, concat *simplego.Node, ok bool) {
 	in, ok := is(node, backends.OpTypeAdd, 2)
 	if !ok {
@@ -94,7 +108,7 @@ func matchConcatAdd(node *simplego.Node) (acc, concat *simplego.Node, ok bool) {
 			continue
 		}
 		other := in[1-i]
-		if s := shapeOf(other); s.DType != dtypes.Float32 || s.Rank() != 1 || s.Size() != shape.Size() {
+		if s := shapeOf(other); s.DType != dtypes.Float32 || (s.Size() != 1 && (s.Rank() != 1 || s.Size() != shape.Size())) {
 			continue
 		}
 		return other, operand, true
@@ -114,7 +128,8 @@ func rewriteConcatAdds(outputs []*simplego.Node) (int, error) {
 		}
 		concatParts := gomlxpatch.NodeInputs(concat)
 		shape := shapeOf(node)
-		kernel := &concatAddKernel{shape: shape, size: shape.Size(), sizes: make([]int, len(concatParts))}
+		kernel := &concatAddKernel{shape: shape, size: shape.Size(), sizes: make([]int, len(concatParts)),
+			scalar: shapeOf(acc).Size() == 1 && shape.Size() != 1}
 		inputs := []*simplego.Node{acc}
 		for i, part := range concatParts {
 			// A reshape keeps the row-major order of the elements: read the gradient where it is.

@@ -56,6 +56,14 @@ func TestConcatAddKernel(t *testing.T) {
 			func(acc *graph.Node, parts []*graph.Node) []*graph.Node {
 				return []*graph.Node{graph.Add(acc, graph.Concatenate([]*graph.Node{graph.Neg(parts[0]), parts[1]}, 0))}
 			}, 1},
+		{"a scalar accumulator: zeros known, not read", [][]int{{3, 40}, {17}, {2, 5}}, dtypes.Float32,
+			func(_ *graph.Node, parts []*graph.Node) []*graph.Node {
+				return []*graph.Node{graph.Add(flatConcat(parts), graph.Scalar(parts[0].Graph(), dtypes.Float32, 0))}
+			}, 1},
+		{"a scalar, large: split over threads", [][]int{{128, 784}, {10, 128}, {9, 1001}}, dtypes.Float32,
+			func(_ *graph.Node, parts []*graph.Node) []*graph.Node {
+				return []*graph.Node{graph.Add(graph.Scalar(parts[0].Graph(), dtypes.Float32, 1.5), flatConcat(parts))}
+			}, 1},
 		{"the concatenation read again: left alone", [][]int{{4}, {6}}, dtypes.Float32,
 			func(acc *graph.Node, parts []*graph.Node) []*graph.Node {
 				c := flatConcat(parts)
