@@ -24,7 +24,11 @@ import (
 //     values: the same bits), skipping the masked tail of a row whose mask is a prefix (causal attention);
 //   - the softmax's gradient with respect to its logits is y·(g − Σ y·g), from the softmax's output y and
 //     the incoming gradient g, instead of GoMLX's six passes over the exponentials and the sums;
-//   - the layer norm forward replays GoMLX's operations on each row (the same bits).
+//   - the layer norm forward replays GoMLX's operations on each row (the same bits);
+//   - the layer norm's gradient with respect to its input, and the incoming gradient times the normalised
+//     values (the gain's gradient sums them), recompute the row's mean and deviation and replay GoMLX's
+//     gradient operations (the same bits): the forward's intermediate values are then read by nothing else,
+//     and the forward is rewritten in training too.
 //
 // The intermediate nodes the rewritten ones replace are then read by nothing and never run. A graph built
 // any other way is left as it is: every node of a pattern is checked, operation and operands.
