@@ -25,6 +25,18 @@ func flatConcat(parts []*graph.Node) *graph.Node {
 	return graph.Concatenate(flat, 0)
 }
 
+// runOn runs fn on backend with local copies of args (an execution may take its inputs' buffers).
+func runOn(t *testing.T, backend backends.Backend, fn func([]*graph.Node) []*graph.Node, args []*tensors.Tensor) []*tensors.Tensor {
+	t.Helper()
+	local := make([]any, len(args))
+	for i, a := range args {
+		c, err := a.LocalClone()
+		require.NoError(t, err)
+		local[i] = c
+	}
+	return graph.MustNewExec(backend, fn).MustExec(local...)
+}
+
 // TestConcatAddKernel runs accumulator + concatenation graphs with and without the rewrite: the sums are
 // bitwise the same (NaN, infinities and signed zeros included), in either operand order, split over threads
 // or not, and look-alikes are left as they are.
@@ -81,7 +93,7 @@ func TestConcatAddKernel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			size := 0
-			args := make([]any, len(tc.parts)+1)
+			args := make([]*tensors.Tensor, len(tc.parts)+1)
 			for i, dims := range tc.parts {
 				x := computetest.RandomTensor(rng, shapes.Make(tc.dtype, dims...))
 				if tc.dtype == dtypes.Float32 {
@@ -92,16 +104,7 @@ func TestConcatAddKernel(t *testing.T) {
 			}
 			args[0] = computetest.RandomTensor(rng, shapes.Make(tc.dtype, size))
 			run := func(backend backends.Backend) []*tensors.Tensor {
-				exec := graph.MustNewExec(backend, func(in []*graph.Node) []*graph.Node {
-					return tc.fn(in[0], in[1:])
-				})
-				var local []any
-				for _, a := range args {
-					c, err := a.(*tensors.Tensor).LocalClone()
-					require.NoError(t, err)
-					local = append(local, c)
-				}
-				return exec.MustExec(local...)
+				return runOn(t, backend, func(in []*graph.Node) []*graph.Node { return tc.fn(in[0], in[1:]) }, args)
 			}
 			want := run(unfused)
 			before := Calls()
@@ -157,17 +160,7 @@ func TestWindowsIntoBuckets(t *testing.T) {
 				computetest.RandomTensor(rng, shapes.Make(dtypes.Float32, 40)),
 			}
 			run := func(backend backends.Backend) []*tensors.Tensor {
-				exec := graph.MustNewExec(backend, func(bucket, a, b *graph.Node) (*graph.Node, *graph.Node) {
-					out := tc.fn(bucket, a, b)
-					return out[0], out[1]
-				})
-				var local []any
-				for _, a := range args {
-					c, err := a.LocalClone()
-					require.NoError(t, err)
-					local = append(local, c)
-				}
-				return exec.MustExec(local...)
+				return runOn(t, backend, func(in []*graph.Node) []*graph.Node { return tc.fn(in[0], in[1], in[2]) }, args)
 			}
 			want := run(unfused)
 			before := Calls()
