@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"github.com/gomlx/gomlx/pkg/core/tensors"
@@ -734,7 +735,14 @@ func (r *Reducer) Restore(s ReducerState) error {
 			return fmt.Errorf("accumulator %q: %w", v.ScopeAndName(), err)
 		}
 	}
-	r.dirty, r.synced, r.nonFinite = s.Accumulating, false, false
+	// Dirty from the bytes too: Accumulating counts the shared gradient state's micro-batches, and a model
+	// that skipped the micro-batch another model synced on holds sums with that count at 0. A micro-step
+	// that finds its accumulators clean sets them instead of adding into them.
+	dirty := s.Accumulating
+	for _, saved := range s.Accumulators {
+		dirty = dirty || slices.ContainsFunc(saved, func(b byte) bool { return b != 0 })
+	}
+	r.dirty, r.synced, r.nonFinite = dirty, false, false
 	return nil
 }
 

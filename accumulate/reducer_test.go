@@ -271,3 +271,24 @@ func TestReducerWithoutModelRefusesMicroBatches(t *testing.T) {
 	_, err = r.State()
 	assert.Error(t, err)
 }
+
+// TestRestoredSumsAreDirty: accumulators restored with sums count as holding them even when the state says no
+// cycle was under way (a model that skipped the micro-batch another model of the same gradient state synced
+// on), so that a micro-step adds into them rather than setting them; zeros restore clean.
+func TestRestoredSumsAreDirty(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		saved []byte
+		dirty bool
+	}{
+		{"zeros", make([]byte, 12), false},
+		{"sums, no cycle counted", []byte{0, 0, 0, 0, 0, 0, 0x80, 0x3f, 0, 0, 0, 0}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _, _ := modelReducer(t, backends.NewSingle(), 4, 3)
+			state := accumulate.ReducerState{Accumulators: [][]byte{tc.saved}}
+			require.NoError(t, r.Restore(state))
+			assert.Equal(t, tc.dirty, r.Dirty())
+		})
+	}
+}

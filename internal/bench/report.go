@@ -141,7 +141,12 @@ func (g *goal) judgeRatio(q, target float64, label string) {
 		measured = label + ": " + measured
 	}
 	if q < target && q > 0 {
-		measured += fmt.Sprintf(" (%.0f%% short)", 100*(target/q-1))
+		short := 100 * (target/q - 1)
+		format := " (%.0f%% short)"
+		if short < 1 {
+			format = " (%.1f%% short)" // a ratio that prints as the goal is still short of it
+		}
+		measured += fmt.Sprintf(format, short)
 	}
 	g.judge(q >= target, "%s", measured)
 }

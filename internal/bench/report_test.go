@@ -403,3 +403,23 @@ func TestGoalsUnknownWithoutRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestJudgeRatioSaysByHowMuch: a ratio short of its goal says by how much goaccel would have to speed up, with
+// a decimal when it prints as the goal itself.
+func TestJudgeRatioSaysByHowMuch(t *testing.T) {
+	for _, tc := range []struct {
+		q, target float64
+		label     string
+		measured  string
+		met       bool
+	}{
+		{1.5, 1.5, "", "1.50×", true},
+		{0.95, 1.2, "2 processes", "2 processes: 0.95× (26% short)", false},
+		{1.196, 1.2, "", "1.20× (0.3% short)", false},
+	} {
+		g := &goal{}
+		g.judgeRatio(tc.q, tc.target, tc.label)
+		assert.Equal(t, []string{tc.measured}, g.measured)
+		assert.Equal(t, tc.met, g.met)
+	}
+}

@@ -76,7 +76,8 @@ func (k *concatAddKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 		addRange(0, k.size)
 		return output, nil
 	}
-	// Ranges of whole 64-byte lines, so no two threads write the same cache line.
+	// Ranges of whole multiples of 16 elements: parts meet on 64-byte boundaries when the output starts on
+	// one (as Go's allocations of this size do), so no two threads write the same cache line.
 	per := ((k.size+workers-1)/workers + 15) &^ 15
 	threads.Split(workers, func(w int) {
 		end := min((w+1)*per, k.size)

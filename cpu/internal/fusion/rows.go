@@ -7,7 +7,9 @@ import (
 	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/backends/simplego"
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
+	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/cpu/internal/broadcast"
 	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
 )
 
@@ -299,6 +301,7 @@ type layerNormMatch struct {
 	invN, epsilon      float32
 	centred, deviation *simplego.Node
 	normalized         *simplego.Node // Div(centred, deviation)
+	scaled             *simplego.Node // Mul(normalized, gain)
 }
 
 // matchLayerNorm recognises layers.LayerNormalization(ctx, x, -1) of GoMLX v0.26.0 (float32, a learned gain
@@ -333,6 +336,7 @@ func matchLayerNorm(root *simplego.Node) (layerNormMatch, bool) {
 	if !ok {
 		return m, false
 	}
+	m.scaled = in[0]
 	if m.gain, ok = perFeature(mul[1]); !ok {
 		return m, false
 	}
@@ -388,11 +392,41 @@ func matchLayerNorm(root *simplego.Node) (layerNormMatch, bool) {
 	return m, true
 }
 
-// sourceOf is n read through a broadcast (if any) and reshapes: the per-row or per-feature value a binary
-// operation's operand repeats.
-func sourceOf(n *simplego.Node) *simplego.Node {
-	if src, _, ok := throughBroadcast(n); ok {
-		n = src
+// rowValues returns the per-row value a binary operation's operand n repeats along the last axis of out: n
+// read through a broadcast (if any) and reshapes, when it lays one value per row of out (its dimensions over
+// out's are out's leading ones and 1 last). Anything laid otherwise (a per-column value of a square tensor)
+// is nil.
+func rowValues(n *simplego.Node, out shapes.Shape) *simplego.Node {
+	return laidAs(n, out, func(dims []int) bool {
+		last := len(dims) - 1
+		return dims[last] == 1 && slices.Equal(dims[:last], out.Dimensions[:last])
+	})
+}
+
+// featureValues is rowValues for a value per position along the last axis, the same for every row (a gain).
+func featureValues(n *simplego.Node, out shapes.Shape) *simplego.Node {
+	return laidAs(n, out, func(dims []int) bool {
+		last := len(dims) - 1
+		return dims[last] == out.Dimensions[last] && broadcast.Product(dims[:last]) == 1
+	})
+}
+
+// laidAs returns n read through a broadcast (if any) and reshapes when its dimensions, laid over out's
+// (the broadcast's, or n's own where the operation broadcasts axes of 1), pass fits; else nil.
+func laidAs(n *simplego.Node, out shapes.Shape, fits func(dims []int) bool) *simplego.Node {
+	dims := shapeOf(n).Dimensions
+	if src, srcDims, ok := throughBroadcast(n); ok {
+		n, dims = src, srcDims
+	}
+	if len(dims) == 0 && out.Rank() > 0 {
+		// A scalar operand (GoMLX passes one value as a scalar): ones over out's axes.
+		dims = make([]int, out.Rank())
+		for i := range dims {
+			dims[i] = 1
+		}
+	}
+	if len(dims) != out.Rank() || out.Rank() == 0 || !fits(dims) {
+		return nil
 	}
 	return throughReshapes(n)
 }
@@ -430,7 +464,8 @@ func matchLayerNormGradient(root *simplego.Node, forwards map[*simplego.Node]lay
 		return m, false
 	}
 	// The mean of a, negated, broadcast back over the row.
-	meanMul, ok := is(sourceOf(in[1]), backends.OpTypeMul, 2)
+	out := shapeOf(root)
+	meanMul, ok := is(rowValues(in[1], out), backends.OpTypeMul, 2)
 	if !ok {
 		return m, false
 	}
@@ -472,7 +507,7 @@ func matchLayerNormGradient(root *simplego.Node, forwards map[*simplego.Node]lay
 	kc1, ok1 := is(inner[1], backends.OpTypeMul, 2)
 	kc2, ok2 := is(outer[1], backends.OpTypeMul, 2)
 	// Each product reads k through a broadcast node of its own.
-	if !ok1 || !ok2 || sourceOf(kc1[0]) != sourceOf(kc2[0]) || kc1[1] != kc2[1] {
+	if !ok1 || !ok2 || rowValues(kc1[0], out) == nil || rowValues(kc1[0], out) != rowValues(kc2[0], out) || kc1[1] != kc2[1] {
 		return m, false
 	}
 	if m.forward, ok = forwards[kc1[1]]; !ok {
@@ -484,7 +519,7 @@ func matchLayerNormGradient(root *simplego.Node, forwards map[*simplego.Node]lay
 	}
 	m.invN, m.epsilon = f.invN, f.epsilon
 	// k = dσ·((1/σ)·½)·(1/n), per row.
-	kMul, ok := is(sourceOf(kc1[0]), backends.OpTypeMul, 2)
+	kMul, ok := is(rowValues(kc1[0], out), backends.OpTypeMul, 2)
 	if !ok {
 		return m, false
 	}
@@ -528,16 +563,16 @@ func matchLayerNormGradient(root *simplego.Node, forwards map[*simplego.Node]lay
 		return m, false
 	}
 	squared, ok := is(u[1], backends.OpTypeMul, 2)
-	if !ok || sourceOf(squared[0]) != f.deviation || sourceOf(squared[1]) != f.deviation {
+	if !ok || rowValues(squared[0], out) != f.deviation || rowValues(squared[1], out) != f.deviation {
 		return m, false
 	}
 	// g/σ, and g = dy·gain.
 	scaled, ok := is(inner[0], backends.OpTypeDiv, 2)
-	if !ok || scaled[0] != g || sourceOf(scaled[1]) != f.deviation {
+	if !ok || scaled[0] != g || rowValues(scaled[1], out) != f.deviation {
 		return m, false
 	}
 	dyGain, ok := is(g, backends.OpTypeMul, 2)
-	if !ok || sourceOf(dyGain[1]) != throughReshapes(f.gain) || !shapeOf(dyGain[0]).Equal(shapeOf(root)) {
+	if !ok || featureValues(dyGain[1], out) != throughReshapes(f.gain) || !shapeOf(dyGain[0]).Equal(out) {
 		return m, false
 	}
 	m.dy = dyGain[0]
@@ -689,7 +724,8 @@ func rewriteLayerNormGradients(outputs []*simplego.Node) (int, error) {
 		for i := range in {
 			f, ok := normalized[in[i]]
 			dy := in[1-i]
-			if !ok || !shapeOf(dy).Equal(shapeOf(node)) || !shapeOf(node).Equal(shapeOf(f.x)) {
+			// The forward's own product with the gain has x's shape too when x is a single row.
+			if !ok || node == f.scaled || !shapeOf(dy).Equal(shapeOf(node)) || !shapeOf(node).Equal(shapeOf(f.x)) {
 				continue
 			}
 			layout := newRowLayout(shapeOf(node), nil)

@@ -301,6 +301,9 @@ func TestLayerNormRowKernel(t *testing.T) {
 		{"every gradient, rows of 1", []int{6, 1}, 1e-3, all, 1},
 		{"every gradient, long rows", []int{2, 3, 2053}, 1e-5, all, 3},
 		{"every gradient, large: split over threads", []int{32, 64, 128}, 1e-5, all, 3},
+		// One row: GoMLX builds the input's gradient otherwise (left to it, and the forward with it); the
+		// forward's product with the gain, of the input's shape here, is not taken for the gain's product.
+		{"every gradient, one row", []int{1, 1, 32}, 1e-5, all, 1},
 		{"a residual connection", []int{4, 8, 32}, 1e-5, residual, 3},
 		{"a residual connection, large", []int{32, 64, 128}, 1e-5, residual, 3},
 	} {
