@@ -601,12 +601,7 @@ func rewriteRows(outputs []*simplego.Node) (int, error) {
 		return layerNormGradients, err
 	}
 	g := newGraph(outputs)
-	type rewrite struct {
-		node   *simplego.Node
-		inputs []*simplego.Node
-		kernel rowKernel
-	}
-	var rewrites []rewrite
+	var rewrites []rowRewrite
 	// alone reports whether nothing but its pattern reads a node: a forward whose intermediate results
 	// something else still needs (its gradient, when that was not recognised) would only be computed twice.
 	alone := func(node *simplego.Node, readers int) bool {
@@ -623,10 +618,10 @@ func rewriteRows(outputs []*simplego.Node) (int, error) {
 		if m, ok := matchLayerNorm(node); ok && alone(m.centred, 2) && alone(m.deviation, 1) &&
 			alone(gomlxpatch.NodeInputs(gomlxpatch.NodeInputs(node)[0])[0], 1) {
 			kernel := &layerNormKernel{layout: newRowLayout(shapeOf(node), nil), invN: m.invN, epsilon: m.epsilon}
-			rewrites = append(rewrites, rewrite{node, []*simplego.Node{m.x, m.gain, m.offset}, kernel})
+			rewrites = append(rewrites, rowRewrite{node, []*simplego.Node{m.x, m.gain, m.offset}, kernel})
 		}
 	}
-	withMask := func(kernel *softmaxKernel, m softmaxMatch, node *simplego.Node, inputs []*simplego.Node) rewrite {
+	withMask := func(kernel *softmaxKernel, m softmaxMatch, node *simplego.Node, inputs []*simplego.Node) rowRewrite {
 		var maskDims []int
 		if m.mask != nil {
 			var maskNode *simplego.Node
@@ -634,7 +629,7 @@ func rewriteRows(outputs []*simplego.Node) (int, error) {
 			inputs = append(inputs, maskNode)
 		}
 		kernel.layout = newRowLayout(shapeOf(node), maskDims)
-		return rewrite{node, inputs, kernel}
+		return rowRewrite{node, inputs, kernel}
 	}
 	// Gradients, which read their softmax's exponentials.
 	gradients := make([]int, len(softmaxes))
@@ -674,12 +669,26 @@ func rewriteRows(outputs []*simplego.Node) (int, error) {
 		rewrites = append(rewrites, withMask(kernel, m, m.root, []*simplego.Node{m.logits}))
 	}
 	// Rewritten only now: the gradients' patterns read nodes of the forwards' (never their roots).
+	n, err := applyRowRewrites(rewrites)
+	return layerNormGradients + n, err
+}
+
+// rowRewrite is a node to become a row kernel reading inputs.
+type rowRewrite struct {
+	node   *simplego.Node
+	inputs []*simplego.Node
+	kernel rowKernel
+}
+
+// applyRowRewrites rewrites the nodes, once every pattern has been matched (a pattern may read nodes of
+// another's), and returns how many it rewrote.
+func applyRowRewrites(rewrites []rowRewrite) (int, error) {
 	for i, r := range rewrites {
 		if err := gomlxpatch.Rewrite(r.node, fusedOpType, r.inputs, r.kernel); err != nil {
-			return layerNormGradients + i, err
+			return i, err
 		}
 	}
-	return layerNormGradients + len(rewrites), nil
+	return len(rewrites), nil
 }
 
 // rewriteLayerNormGradients rewrites the gradients of layer norms with respect to their inputs into
@@ -698,12 +707,7 @@ func rewriteLayerNormGradients(outputs []*simplego.Node) (int, error) {
 	if len(forwards) == 0 {
 		return 0, nil
 	}
-	type rewrite struct {
-		node   *simplego.Node
-		inputs []*simplego.Node
-		kernel rowKernel
-	}
-	var rewrites []rewrite
+	var rewrites []rowRewrite
 	for _, node := range g.order {
 		if m, ok := matchLayerNormGradient(node, forwards); ok {
 			layout := newRowLayout(shapeOf(node), nil)
@@ -714,7 +718,7 @@ func rewriteLayerNormGradients(outputs []*simplego.Node) (int, error) {
 				kernel.residual = true
 				inputs = append(inputs, m.residual)
 			}
-			rewrites = append(rewrites, rewrite{node, inputs, kernel})
+			rewrites = append(rewrites, rowRewrite{node, inputs, kernel})
 			continue
 		}
 		in, ok := is(node, backends.OpTypeMul, 2)
@@ -731,15 +735,10 @@ func rewriteLayerNormGradients(outputs []*simplego.Node) (int, error) {
 			layout := newRowLayout(shapeOf(node), nil)
 			layout.width = 2
 			kernel := &layerNormProductKernel{layout: layout, invN: f.invN, epsilon: f.epsilon}
-			rewrites = append(rewrites, rewrite{node, []*simplego.Node{f.x, dy}, kernel})
+			rewrites = append(rewrites, rowRewrite{node, []*simplego.Node{f.x, dy}, kernel})
 			break
 		}
 	}
 	// Rewritten only now: a product's pattern may read a node a gradient's reads.
-	for i, r := range rewrites {
-		if err := gomlxpatch.Rewrite(r.node, fusedOpType, r.inputs, r.kernel); err != nil {
-			return i, err
-		}
-	}
-	return len(rewrites), nil
+	return applyRowRewrites(rewrites)
 }
