@@ -15,6 +15,9 @@ import (
 // Once a sync under a strategy that splits buckets left this rank its block of the synced sums, the
 // functions see that block instead (its real elements, without padding): what the optimizer's update reads.
 func (r *Reducer) EachAccumulator(f32 func([]float32), f64 func([]float64)) error {
+	if err := r.ClearSpent(); err != nil {
+		return err
+	}
 	vars := r.accumulators
 	if r.Sharded() && r.synced {
 		vars = r.shards

@@ -54,6 +54,9 @@ type Reducer struct {
 	scale  float64
 	// dirty is set when the accumulators may hold non-zero values.
 	dirty bool
+	// spent is set when the accumulators still hold sums an optimizer step applied (AppliedLeavingSums):
+	// they read as zeros, and are cleared before anything else reads them (ClearSpent).
+	spent bool
 	// nonFinite is set when a micro-batch since the last sync had a NaN or Inf loss on this rank;
 	// poisoned, when this rank's last sync carried such a loss (until the gradients are applied or cleared).
 	nonFinite, poisoned bool
@@ -130,7 +133,7 @@ func (r *Reducer) SetAccumulators(vars []*context.Variable) error {
 	if len(vars) != len(r.plan.Buckets) {
 		return fmt.Errorf("accumulate: %d accumulators for a plan of %d buckets", len(vars), len(r.plan.Buckets))
 	}
-	r.accumulators = vars
+	r.accumulators, r.spent = vars, false
 	return nil
 }
 
@@ -164,6 +167,7 @@ func (r *Reducer) EmitGradients(grads []*tensors.Tensor) error {
 // ZeroAccumulators zeroes the accumulators in place (where the engines sum them), for an update that did not
 // zero them in its graph (a strategy that splits buckets).
 func (r *Reducer) ZeroAccumulators() error {
+	r.spent = false
 	for _, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
@@ -194,6 +198,16 @@ func (r *Reducer) SetScale(scale float64) error {
 
 // Dirty reports whether the accumulators may hold gradients of micro-batches since the last step.
 func (r *Reducer) Dirty() bool { return r.dirty }
+
+// ClearSpent zeroes accumulators that still hold the sums the last optimizer step applied
+// (AppliedLeavingSums), and does nothing otherwise. A graph that adds into the accumulators, or any reader of
+// their values, calls it first; a micro-step that sets them (the first after a step, see Dirty) need not.
+func (r *Reducer) ClearSpent() error {
+	if !r.spent {
+		return nil
+	}
+	return r.ZeroAccumulators()
+}
 
 // Synced reports whether the accumulators hold synchronised gradients that were not applied yet.
 func (r *Reducer) Synced() bool { return r.synced }
@@ -238,8 +252,10 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 	if err := r.forModel(); err != nil {
 		return err
 	}
-	// Emitted gradients went nowhere but to this sync: the accumulators stay clean.
+	// Emitted gradients went nowhere but to this sync: the accumulators stay clean. Otherwise the micro-step
+	// wrote them (set after a step, or added into them once ClearSpent had run).
 	r.dirty = r.dirty || r.emitted == nil
+	r.spent = r.spent && r.emitted != nil
 	r.state.recordMicroBatch(scale)
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
 		r.nonFinite = true
@@ -257,6 +273,15 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 // update graph).
 func (r *Reducer) Applied() { r.synced, r.dirty, r.poisoned = false, false, false }
 
+// AppliedLeavingSums records that the optimizer applied the synced gradients and left the accumulators
+// holding them: the next micro-batch sets them instead of adding into them (Dirty is false), so an update
+// need not write zeros that the next micro-batch overwrites. Until then they read as zeros: ClearSpent, which
+// every reader of their values here runs, clears them first.
+func (r *Reducer) AppliedLeavingSums() {
+	r.Applied()
+	r.spent = r.accumulators != nil
+}
+
 // ZeroGrad clears the accumulators, except on micro-batches that do not sync, where it does nothing (as the
 // optimizer's Step), so that the same loop body works with and without accumulation.
 func (r *Reducer) ZeroGrad() error {
@@ -273,6 +298,7 @@ func (r *Reducer) Clear() error {
 		return err
 	}
 	r.emitted = nil
+	// Spent sums already read as zeros: an optimizer step followed by ZeroGrad clears nothing.
 	if r.dirty || r.synced {
 		for _, v := range r.accumulators {
 			if err := v.SetValue(tensors.FromShape(v.Shape())); err != nil {
@@ -361,6 +387,9 @@ func allFinite[F floats.Float](x []F) bool {
 
 // bucketTensors are the accumulators' current values.
 func (r *Reducer) bucketTensors() ([]*tensors.Tensor, error) {
+	if err := r.ClearSpent(); err != nil {
+		return nil, err
+	}
 	return variableValues(r.accumulators)
 }
 
@@ -665,6 +694,9 @@ func (r *Reducer) State() (ReducerState, error) {
 		}
 		return s, nil
 	}
+	if err := r.ClearSpent(); err != nil {
+		return s, err
+	}
 	for b, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
@@ -742,7 +774,7 @@ func (r *Reducer) Restore(s ReducerState) error {
 	for _, saved := range s.Accumulators {
 		dirty = dirty || slices.ContainsFunc(saved, func(b byte) bool { return b != 0 })
 	}
-	r.dirty, r.synced, r.nonFinite = dirty, false, false
+	r.dirty, r.synced, r.nonFinite, r.spent = dirty, false, false, false
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package accumulate_test
 
 import (
+	"encoding/binary"
 	"math"
 	"sync"
 	"testing"
@@ -291,4 +292,79 @@ func TestRestoredSumsAreDirty(t *testing.T) {
 			assert.Equal(t, tc.dirty, r.Dirty())
 		})
 	}
+}
+
+// TestSpentSumsReadAsZeros: after AppliedLeavingSums the accumulators still hold the applied sums, but every
+// reader here sees zeros (State, EachAccumulator, ClearSpent), Clear (ZeroGrad after a step) does not clear
+// them again, and a micro-batch that then sets the accumulators makes them hold its values.
+func TestSpentSumsReadAsZeros(t *testing.T) {
+	floatsOf := func(t *testing.T, acc *context.Variable) []float32 {
+		v, err := acc.Value()
+		require.NoError(t, err)
+		return tensors.MustCopyFlatData[float32](v)
+	}
+	for _, tc := range []struct {
+		name string
+		read func(t *testing.T, r *accumulate.Reducer, acc *context.Variable) []float32
+	}{
+		{"State", func(t *testing.T, r *accumulate.Reducer, _ *context.Variable) []float32 {
+			s, err := r.State()
+			require.NoError(t, err)
+			assert.False(t, s.Accumulating)
+			values := make([]float32, len(s.Accumulators[0])/4)
+			for i := range values {
+				values[i] = math.Float32frombits(binary.LittleEndian.Uint32(s.Accumulators[0][4*i:]))
+			}
+			return values
+		}},
+		{"EachAccumulator", func(t *testing.T, r *accumulate.Reducer, _ *context.Variable) []float32 {
+			var seen []float32
+			require.NoError(t, r.EachAccumulator(func(f []float32) { seen = append(seen, f...) }, nil))
+			return seen
+		}},
+		{"ClearSpent", func(t *testing.T, r *accumulate.Reducer, acc *context.Variable) []float32 {
+			require.NoError(t, r.ClearSpent())
+			return floatsOf(t, acc)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, gs, acc := modelReducer(t, backends.NewSingle(), 1, 3)
+			require.NoError(t, gs.Accumulate(func() error {
+				_, err := r.BeginMicroBatch()
+				require.NoError(t, err)
+				addToAccumulator(t, acc, 1, 2, 3)
+				return r.EndMicroBatch(1, 1)
+			}))
+			require.True(t, r.ReadyToApply())
+			r.AppliedLeavingSums()
+			assert.False(t, r.Dirty())
+			require.NoError(t, r.Clear()) // ZeroGrad after the step: nothing to clear, the sums stay spent.
+			assert.Equal(t, []float32{1, 2, 3}, floatsOf(t, acc), "left for the next micro-batch to overwrite")
+			assert.Equal(t, []float32{0, 0, 0}, tc.read(t, r, acc))
+			assert.Equal(t, []float32{0, 0, 0}, floatsOf(t, acc), "cleared where they are")
+		})
+	}
+	t.Run("a micro-batch that sets them", func(t *testing.T) {
+		r, gs, acc := modelReducer(t, backends.NewSingle(), 1, 2)
+		for _, values := range [][]float32{{1, 2}, {5, 7}} {
+			require.NoError(t, gs.Accumulate(func() error {
+				_, err := r.BeginMicroBatch()
+				require.NoError(t, err)
+				require.NoError(t, acc.SetValue(tensors.FromValue(values))) // what a fresh micro-step does
+				return r.EndMicroBatch(1, 1)
+			}))
+			r.AppliedLeavingSums()
+		}
+		// The second micro-batch's values were live, not spent, until its step: a reader after a micro-batch
+		// sees them.
+		require.NoError(t, gs.Accumulate(func() error {
+			_, err := r.BeginMicroBatch()
+			require.NoError(t, err)
+			require.NoError(t, acc.SetValue(tensors.FromValue([]float32{4, 8})))
+			return r.EndMicroBatch(1, 1)
+		}))
+		var seen []float32
+		require.NoError(t, r.EachAccumulator(func(f []float32) { seen = append(seen, f...) }, nil))
+		assert.Equal(t, []float32{4, 8}, seen)
+	})
 }

@@ -29,6 +29,10 @@ func (m *Model) Gradients() (map[string]*tensors.Tensor, error) {
 		return nil, errors.New("prepare: no gradients accumulated since the last step (sharding \"gradients\" " +
 			"sends a micro-batch's gradients straight to the sync)")
 	}
+	// Sums the last step applied read as zeros.
+	if err := m.reducer.ClearSpent(); err != nil {
+		return nil, fmt.Errorf("prepare: %w", err)
+	}
 	factor := 1.0
 	if m.reducer.Synced() {
 		factor = m.reducer.Scale()

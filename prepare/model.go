@@ -656,8 +656,14 @@ func (m *Model) backward(batch Batch, scale float64, withOutputs bool) (res Back
 			return res, err
 		}
 	}
-	// Nothing accumulated since the last step or clear: the accumulators hold zeros (Reducer.Dirty).
+	// Nothing accumulated since the last step or clear: the micro-step sets the accumulators (Reducer.Dirty);
+	// one that adds into them needs the sums the last step applied cleared first.
 	fresh := freshAccumulators && !emit && !m.reducer.Dirty()
+	if !fresh && !emit {
+		if err := m.reducer.ClearSpent(); err != nil {
+			return res, err
+		}
+	}
 	exec, err := m.exec(withOutputs, emit, fresh)
 	if err != nil {
 		return res, err

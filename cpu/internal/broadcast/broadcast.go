@@ -2,7 +2,11 @@
 // them: an operand whose axes of size > 1 form one contiguous run of the output's axes.
 package broadcast
 
-import "github.com/goaccel/goaccel/internal/vec32"
+import (
+	"unsafe" // Fill tells a value of all-zero bits from its bytes, whatever the element type.
+
+	"github.com/goaccel/goaccel/internal/vec32"
+)
 
 // Pattern is how a small operand spans a contiguous run of the output's axes (size 1 elsewhere): with the
 // output's elements indexed as (p, m, q) over the axes before, within and after that run, output element
@@ -66,21 +70,42 @@ func Expand[T any](p Pattern, dst []T, small []T, from int) {
 		return
 	}
 	// Each small element spans After consecutive output elements: fill runs.
-	fill := fillRun[T]
-	if _, ok := any(dst).([]float32); ok {
-		fill = func(run []T, v T) { vec32.Fill(any(run).([]float32), any(v).(float32)) }
-	}
 	for len(dst) > 0 {
 		n := min(len(dst), p.After-from%p.After)
-		fill(dst[:n], small[(from/p.After)%p.Within])
+		Fill(dst[:n], small[(from/p.After)%p.Within])
 		dst, from = dst[n:], from+n
 	}
 }
 
-func fillRun[T any](run []T, v T) {
-	for i := range run {
-		run[i] = v
+// Fill sets every element of dst to v: memory clearing when v's bits are all zero (+0, false, the zeros a
+// gradient scatters into), vector stores for other float32 values, doubling copies otherwise. A loop that
+// stores one element at a time wrote a zeroed 8 MB gradient at a quarter of these speeds.
+func Fill[T any](dst []T, v T) {
+	if len(dst) == 0 {
+		return
 	}
+	if allZeroBits(&v) {
+		clear(dst)
+		return
+	}
+	if f, ok := any(dst).([]float32); ok {
+		vec32.Fill(f, any(v).(float32))
+		return
+	}
+	dst[0] = v
+	for done := 1; done < len(dst); done *= 2 {
+		copy(dst[done:], dst[:done])
+	}
+}
+
+// allZeroBits reports whether every byte of *v is zero (so -0.0 is not: its sign bit is set).
+func allZeroBits[T any](v *T) bool {
+	for _, b := range unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v)) {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Product is the number of elements of dims.

@@ -1,9 +1,12 @@
 package broadcast
 
 import (
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestOf(t *testing.T) {
@@ -54,6 +57,40 @@ func TestExpand(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestFill: every element takes the value, whatever the element type and length, with the zero of each type
+// (cleared memory) told apart from a negative zero, whose sign bit must be written.
+func TestFill(t *testing.T) {
+	negZero := float32(math.Copysign(0, -1))
+	for _, n := range []int{0, 1, 2, 3, 17, 1000} {
+		for _, v := range []float32{0, negZero, 1.5, float32(math.NaN())} {
+			dst := make([]float32, n)
+			for i := range dst {
+				dst[i] = 7
+			}
+			Fill(dst, v)
+			for i, x := range dst {
+				require.Equal(t, math.Float32bits(v), math.Float32bits(x), "float32 %v, n=%d, element %d", v, n, i)
+			}
+		}
+		for _, v := range []int64{0, -3} {
+			dst := make([]int64, n)
+			for i := range dst {
+				dst[i] = 9
+			}
+			Fill(dst, v)
+			assert.Equal(t, slices.Repeat([]int64{v}, n), dst, "int64 %d, n=%d", v, n)
+		}
+		for _, v := range []bool{false, true} {
+			dst := make([]bool, n)
+			for i := range dst {
+				dst[i] = !v
+			}
+			Fill(dst, v)
+			assert.Equal(t, slices.Repeat([]bool{v}, n), dst, "bool %v, n=%d", v, n)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
 	"github.com/goaccel/goaccel/cpu/internal/blas"
+	"github.com/goaccel/goaccel/cpu/internal/broadcast"
 	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
 )
 
@@ -154,10 +155,7 @@ func broadcastInDim[T any](dst, src []T, srcDims, dstDims, broadcastAxes []int) 
 		run := dst[at : at+inner]
 		switch innerStride {
 		case 0:
-			v := src[srcOffset]
-			for i := range run {
-				run[i] = v
-			}
+			broadcast.Fill(run, src[srcOffset])
 		case 1:
 			copy(run, src[srcOffset:srcOffset+inner])
 		default:

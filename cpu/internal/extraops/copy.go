@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"reflect"
 	"unsafe" // Data-moving ops copy elements as words of the element's size, whatever the dtype.
+
+	"github.com/goaccel/goaccel/cpu/internal/broadcast"
 )
 
 // A copyPlan moves the elements of an iteration space of dimensions dims: the element at index i goes from
@@ -106,17 +108,6 @@ func runCopy[T any](dst, src []T, p copyPlan) {
 	}
 }
 
-// fill sets every element of dst to value.
-func fill[T any](dst []T, value T) {
-	if len(dst) == 0 {
-		return
-	}
-	dst[0] = value
-	for done := 1; done < len(dst); done *= 2 {
-		copy(dst[done:], dst[:done])
-	}
-}
-
 // words is a flat buffer (a Go slice of any element type) seen as elements of the same size: its memory,
 // its length in elements and the element size in bytes. The data-moving executors copy words, so that one
 // instantiation per size serves every dtype.
@@ -183,7 +174,7 @@ func moveWords(dst, src, fillFrom any, fillIndex int, p copyPlan) error {
 func moveTyped[T any](d, s, f words, fillIndex int, p copyPlan) {
 	dst := asSlice[T](d)
 	if f.ptr != nil {
-		fill(dst, asSlice[T](f)[fillIndex])
+		broadcast.Fill(dst, asSlice[T](f)[fillIndex])
 	}
 	runCopy(dst, asSlice[T](s), p)
 }
