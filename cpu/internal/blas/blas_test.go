@@ -532,3 +532,21 @@ func TestConcurrentExecutions(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 }
+
+// TestSmallPlainProductsMatchSimplego: plain products of 64 rows or more with a small B, which run on the
+// 512-bit tiles beside OpenBLAS where the processor has AVX-512 (tilesBeatOpenBLAS), give simplego's values
+// within rounding, under every sharing of the products between the kernels.
+func TestSmallPlainProductsMatchSimplego(t *testing.T) {
+	float32Kernels(t, func(t *testing.T) {
+		backend := newBackend(t)
+		rng := rand.New(rand.NewPCG(11, 12))
+		for _, c := range []dotGeneralCase{
+			{lhsDims: []int{96, 40}, rhsDims: []int{40, 24}, lhsContracting: []int{1}, rhsContracting: []int{0}},
+			{lhsDims: []int{64, 128}, rhsDims: []int{128, 16}, lhsContracting: []int{1}, rhsContracting: []int{0}},
+			{lhsDims: []int{130, 7}, rhsDims: []int{7, 200}, lhsContracting: []int{1}, rhsContracting: []int{0}},
+			{lhsDims: []int{2, 48, 40}, rhsDims: []int{40, 65}, lhsContracting: []int{2}, rhsContracting: []int{0}},
+		} {
+			checkAgainstSimplego(t, backend, rng, dtypes.Float32, c)
+		}
+	})
+}

@@ -90,8 +90,11 @@ func kernelDescription() string {
 		unit = "thread"
 	}
 	routines := "cblas_sgemm/dgemm"
-	if float32OnTiles {
+	switch {
+	case float32OnTiles:
 		routines = "cblas_dgemm; float32 on the AVX-512 micro-kernel"
+	case smallPlainOnTiles:
+		routines = "cblas_sgemm/dgemm; plain float32 products with a B of up to 512 KB on the AVX-512 micro-kernel"
 	}
 	return fmt.Sprintf("%s %s (%s), %d %s", version, openblasCore(), routines, threads, unit)
 }
@@ -106,6 +109,19 @@ func openblasCore() string { return C.GoString(C.openblas_get_corename()) }
 // instruction. Where OpenBLAS runs an AVX-512 core of its own, it keeps the products: there the two
 // measured alike (docs/notes.md, Note [512-bit tiles beside OpenBLAS]).
 var float32OnTiles = gemmtile.Wide() && !avx512Core(openblasCore())
+
+// tilesBeatOpenBLAS reports whether the tiles run g faster than OpenBLAS even where OpenBLAS runs an AVX-512
+// core: a plain product (one item, neither operand transposed, at least 64 rows) whose B fits in 512 KB,
+// which the tiles stream from the core's cache for every six rows without packing it, where OpenBLAS packs
+// both operands on every call. With a larger B, or a B to transpose first, OpenBLAS was as fast or faster
+// (docs/notes.md, Note [512-bit tiles beside OpenBLAS]).
+func tilesBeatOpenBLAS(g gemmShape) bool {
+	return smallPlainOnTiles && g.batch == 1 && !g.transA && !g.transB && g.m >= 64 && g.k*g.n <= 128<<10
+}
+
+// smallPlainOnTiles is whether tilesBeatOpenBLAS may send products to the tiles: where the processor has
+// AVX-512. A variable so that tests can hold every product on OpenBLAS.
+var smallPlainOnTiles = gemmtile.Wide()
 
 // avx512Core reports whether an OpenBLAS core name is one of its AVX-512 cores.
 func avx512Core(name string) bool {
@@ -138,7 +154,7 @@ func cbool(b bool) C.int {
 // slices' memory holds no Go pointers, so passing it to C for the duration of the call follows the cgo
 // pointer rules.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
-	if float32OnTiles {
+	if float32OnTiles || tilesBeatOpenBLAS(g) {
 		tileGemmBatched(g, a, b, c)
 		return
 	}

@@ -13,22 +13,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// float32Kernels runs test once per kernel float32 products can take in this build: OpenBLAS, and the 512-bit
-// tiles where this processor has them.
+// float32Kernels runs test once per way float32 products can be shared between the kernels in this build:
+// all on OpenBLAS and, where this processor has AVX-512, all on the 512-bit tiles and the plain products
+// with a small B on the tiles, the rest on OpenBLAS (tilesBeatOpenBLAS).
 func float32Kernels(t *testing.T, test func(t *testing.T)) {
-	saved := float32OnTiles
-	t.Cleanup(func() { float32OnTiles = saved })
-	kernels := []bool{false}
-	if gemmtile.Wide() {
-		kernels = append(kernels, true)
+	savedAll, savedSmall := float32OnTiles, smallPlainOnTiles
+	t.Cleanup(func() { float32OnTiles, smallPlainOnTiles = savedAll, savedSmall })
+	type sharing struct {
+		name       string
+		all, small bool
 	}
-	for _, onTiles := range kernels {
-		name := "openblas"
-		if onTiles {
-			name = "tiles"
-		}
-		t.Run(name, func(t *testing.T) {
-			float32OnTiles = onTiles
+	kernels := []sharing{{"openblas", false, false}}
+	if gemmtile.Wide() {
+		kernels = append(kernels, sharing{"tiles", true, true}, sharing{"small plain products on tiles", false, true})
+	}
+	for _, k := range kernels {
+		t.Run(k.name, func(t *testing.T) {
+			float32OnTiles, smallPlainOnTiles = k.all, k.small
 			test(t)
 		})
 	}
@@ -40,14 +41,41 @@ func TestPathNamesTheFloat32Kernel(t *testing.T) {
 	t.Cleanup(Uninstall)
 	t.Logf("kernel: %s", Path())
 	assert.Equal(t, float32OnTiles, strings.Contains(Path(), "float32 on the AVX-512 micro-kernel"))
+	assert.Equal(t, !float32OnTiles && smallPlainOnTiles, strings.Contains(Path(), "512 KB on the AVX-512"))
 	assert.Equal(t, gemmtile.Wide() && !avx512Core(openblasCore()), float32OnTiles)
 }
 
-// forceFloat32Tiles sets where float32 products run (tiles or OpenBLAS) until the returned func restores it.
+// forceFloat32Tiles sets where every float32 product runs (tiles or OpenBLAS) until the returned func
+// restores the sharing.
 func forceFloat32Tiles(onTiles bool) (restore func()) {
-	saved := float32OnTiles
-	float32OnTiles = onTiles
-	return func() { float32OnTiles = saved }
+	savedAll, savedSmall := float32OnTiles, smallPlainOnTiles
+	float32OnTiles, smallPlainOnTiles = onTiles, onTiles
+	return func() { float32OnTiles, smallPlainOnTiles = savedAll, savedSmall }
+}
+
+// TestSmallPlainProductsOnTiles: where the processor has AVX-512, one plain product of at least 64 rows whose
+// B holds at most 128k elements runs on the tiles; transposed operands, batches, short products and larger
+// B stay on OpenBLAS.
+func TestSmallPlainProductsOnTiles(t *testing.T) {
+	defer forceFloat32Tiles(false)()
+	smallPlainOnTiles = true
+	for _, tc := range []struct {
+		name string
+		g    gemmShape
+		want bool
+	}{
+		{"transformer projection", gemmShape{batch: 1, m: 2048, n: 128, k: 128}, true},
+		{"feed-forward, B of 128k", gemmShape{batch: 1, m: 2048, n: 512, k: 256}, true},
+		{"B over 128k", gemmShape{batch: 1, m: 256, n: 512, k: 512}, false},
+		{"A transposed", gemmShape{batch: 1, m: 128, n: 128, k: 2048, transA: true}, false},
+		{"B transposed", gemmShape{batch: 1, m: 2048, n: 128, k: 128, transB: true}, false},
+		{"batched", gemmShape{batch: 128, m: 64, n: 64, k: 32}, false},
+		{"under 64 rows", gemmShape{batch: 1, m: 32, n: 128, k: 128}, false},
+	} {
+		assert.Equal(t, tc.want, tilesBeatOpenBLAS(tc.g), tc.name)
+	}
+	smallPlainOnTiles = false
+	assert.False(t, tilesBeatOpenBLAS(gemmShape{batch: 1, m: 2048, n: 128, k: 128}), "without AVX-512")
 }
 
 func TestAVX512CoreNames(t *testing.T) {
