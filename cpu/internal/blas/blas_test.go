@@ -545,6 +545,7 @@ func TestSmallPlainProductsMatchSimplego(t *testing.T) {
 			{lhsDims: []int{64, 128}, rhsDims: []int{128, 16}, lhsContracting: []int{1}, rhsContracting: []int{0}},
 			{lhsDims: []int{130, 7}, rhsDims: []int{7, 200}, lhsContracting: []int{1}, rhsContracting: []int{0}},
 			{lhsDims: []int{2, 48, 40}, rhsDims: []int{40, 65}, lhsContracting: []int{2}, rhsContracting: []int{0}},
+			{lhsDims: []int{1030, 24}, rhsDims: []int{100, 24}, lhsContracting: []int{1}, rhsContracting: []int{1}},
 		} {
 			checkAgainstSimplego(t, backend, rng, dtypes.Float32, c)
 		}

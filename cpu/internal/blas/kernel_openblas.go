@@ -111,12 +111,20 @@ func openblasCore() string { return C.GoString(C.openblas_get_corename()) }
 var float32OnTiles = gemmtile.Wide() && !avx512Core(openblasCore())
 
 // tilesBeatOpenBLAS reports whether the tiles run g faster than OpenBLAS even where OpenBLAS runs an AVX-512
-// core: a plain product (one item, neither operand transposed, at least 64 rows) whose B fits in 512 KB,
-// which the tiles stream from the core's cache for every six rows without packing it, where OpenBLAS packs
-// both operands on every call. With a larger B, or a B to transpose first, OpenBLAS was as fast or faster
-// (docs/notes.md, Note [512-bit tiles beside OpenBLAS]).
+// core: one item, A not transposed, at least 64 rows, and a B that fits in 512 KB, which the tiles stream
+// from the core's cache for every six rows without packing it, where OpenBLAS packs both operands on every
+// call; a B stored transposed only when it has at most 128 columns and the product at least 1024 rows, which
+// pay for copying it into order. With a larger B, A transposed, or a batch of small products OpenBLAS was as
+// fast or faster (docs/notes.md, Note [512-bit tiles beside OpenBLAS]).
 func tilesBeatOpenBLAS(g gemmShape) bool {
-	return smallPlainOnTiles && g.batch == 1 && !g.transA && !g.transB && g.m >= 64 && g.k*g.n <= 128<<10
+	if !smallPlainOnTiles || g.batch != 1 || g.transA {
+		return false
+	}
+	if g.transB {
+		// Transposed into a scratch copy first: worth it over many rows, for a B of a few columns.
+		return g.m >= 1024 && g.n <= 128 && g.k*g.n <= 64<<10
+	}
+	return g.m >= 64 && g.k*g.n <= 128<<10
 }
 
 // smallPlainOnTiles is whether tilesBeatOpenBLAS may send products to the tiles: where the processor has

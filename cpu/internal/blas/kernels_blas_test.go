@@ -53,9 +53,9 @@ func forceFloat32Tiles(onTiles bool) (restore func()) {
 	return func() { float32OnTiles, smallPlainOnTiles = savedAll, savedSmall }
 }
 
-// TestSmallPlainProductsOnTiles: where the processor has AVX-512, one plain product of at least 64 rows whose
-// B holds at most 128k elements runs on the tiles; transposed operands, batches, short products and larger
-// B stay on OpenBLAS.
+// TestSmallPlainProductsOnTiles: where the processor has AVX-512, one product of at least 64 rows whose B
+// holds at most 128k elements runs on the tiles, or with B transposed one of at least 1024 rows whose B has
+// at most 128 columns and 64k elements; A transposed, batches, short products and larger B stay on OpenBLAS.
 func TestSmallPlainProductsOnTiles(t *testing.T) {
 	defer forceFloat32Tiles(false)()
 	smallPlainOnTiles = true
@@ -68,7 +68,9 @@ func TestSmallPlainProductsOnTiles(t *testing.T) {
 		{"feed-forward, B of 128k", gemmShape{batch: 1, m: 2048, n: 512, k: 256}, true},
 		{"B over 128k", gemmShape{batch: 1, m: 256, n: 512, k: 512}, false},
 		{"A transposed", gemmShape{batch: 1, m: 128, n: 128, k: 2048, transA: true}, false},
-		{"B transposed", gemmShape{batch: 1, m: 2048, n: 128, k: 128, transB: true}, false},
+		{"B transposed, 128 columns", gemmShape{batch: 1, m: 2048, n: 128, k: 512, transB: true}, true},
+		{"B transposed, 512 columns", gemmShape{batch: 1, m: 2048, n: 512, k: 128, transB: true}, false},
+		{"B transposed, under 1024 rows", gemmShape{batch: 1, m: 64, n: 128, k: 10, transB: true}, false},
 		{"batched", gemmShape{batch: 128, m: 64, n: 64, k: 32}, false},
 		{"under 64 rows", gemmShape{batch: 1, m: 32, n: 128, k: 128}, false},
 	} {
