@@ -353,3 +353,78 @@ func shiftedMomentsV(sum, squares, x, shift *float32, n int)
 
 //go:noescape
 func gradientMomentsV(sum, products, grad, x, m *float32, n int)
+
+// The layer-norm row passes (layernorm.go), over whole groups of 32 elements.
+
+//go:noescape
+func lnSquaresV(x *float32, n int, mean float32, acc *[32]float32)
+
+//go:noescape
+func lnOutV(y, x, gain, offset *float32, n int, mean, dev float32)
+
+//go:noescape
+func lnProductV(out, x, dy *float32, n int, mean, dev float32)
+
+//go:noescape
+func lnGradDevV(x, dy, gain *float32, n int, mean, dev2 float32, acc *[32]float32)
+
+//go:noescape
+func lnGradSumV(x, dy, gain *float32, n int, mean, dev, scale float32, acc *[32]float32)
+
+//go:noescape
+func lnGradOutV(dx, x, dy, gain *float32, n int, mean, dev, scale, shift float32)
+
+//go:noescape
+func lnGradOutResV(dx, x, dy, gain, residual *float32, n int, mean, dev, scale, shift float32)
+
+func lnSquaresAccel(x []float32, mean float32, acc *[lanes]float32) bool {
+	if !accelerated {
+		return false
+	}
+	lnSquaresV(&x[0], len(x), mean, acc)
+	return true
+}
+
+func lnOutAccel(y, x, gain, offset []float32, mean, dev float32) bool {
+	if !accelerated {
+		return false
+	}
+	lnOutV(&y[0], &x[0], &gain[0], &offset[0], len(x), mean, dev)
+	return true
+}
+
+func lnProductAccel(out, x, dy []float32, mean, dev float32) bool {
+	if !accelerated {
+		return false
+	}
+	lnProductV(&out[0], &x[0], &dy[0], len(x), mean, dev)
+	return true
+}
+
+func lnGradDevAccel(x, dy, gain []float32, mean, dev2 float32, acc *[lanes]float32) bool {
+	if !accelerated {
+		return false
+	}
+	lnGradDevV(&x[0], &dy[0], &gain[0], len(x), mean, dev2, acc)
+	return true
+}
+
+func lnGradSumAccel(x, dy, gain []float32, mean, dev, scale float32, acc *[lanes]float32) bool {
+	if !accelerated {
+		return false
+	}
+	lnGradSumV(&x[0], &dy[0], &gain[0], len(x), mean, dev, scale, acc)
+	return true
+}
+
+func lnGradOutAccel(dx, x, dy, gain, residual []float32, mean, dev, scale, shift float32) bool {
+	if !accelerated {
+		return false
+	}
+	if residual == nil {
+		lnGradOutV(&dx[0], &x[0], &dy[0], &gain[0], len(x), mean, dev, scale, shift)
+	} else {
+		lnGradOutResV(&dx[0], &x[0], &dy[0], &gain[0], &residual[0], len(x), mean, dev, scale, shift)
+	}
+	return true
+}

@@ -32,3 +32,10 @@ func scaleDevAccel(_, _, _, _, _ []float32) int         { return 0 }
 func combineDevAccel(_, _, _, _, _, _, _ []float32) int { return 0 }
 func shiftedMomentsAccel(_, _, _, _ []float32) int      { return 0 }
 func gradientMomentsAccel(_, _, _, _, _ []float32) int  { return 0 }
+
+func lnSquaresAccel([]float32, float32, *[lanes]float32) bool                   { return false }
+func lnOutAccel(_, _, _, _ []float32, _, _ float32) bool                        { return false }
+func lnProductAccel(_, _, _ []float32, _, _ float32) bool                       { return false }
+func lnGradDevAccel(_, _, _ []float32, _, _ float32, _ *[lanes]float32) bool    { return false }
+func lnGradSumAccel(_, _, _ []float32, _, _, _ float32, _ *[lanes]float32) bool { return false }
+func lnGradOutAccel(_, _, _, _, _ []float32, _, _, _, _ float32) bool           { return false }

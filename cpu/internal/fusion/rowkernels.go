@@ -357,6 +357,16 @@ func (k *layerNormKernel) run(backend *simplego.Backend, inputs []*simplego.Buff
 //
 //	c = x − Σx·(1/n);  y = c / √(Σc²·(1/n) + ε) · gain + offset
 func layerNormRow(y, x, gain, offset []float32, invN, epsilon float32, t []float32) {
+	if vec32.RowPasses(len(x)) {
+		mean, deviation := meanAndDeviation(x, invN, epsilon)
+		vec32.NormalizeAffine(y, x, gain, offset, mean, deviation)
+		return
+	}
+	layerNormRowCalls(y, x, gain, offset, invN, epsilon, t)
+}
+
+// layerNormRowCalls is layerNormRow one element-wise call per operation: rows of any length.
+func layerNormRowCalls(y, x, gain, offset []float32, invN, epsilon float32, t []float32) {
 	deviation := centre(y, x, invN, epsilon, t)
 	vec32.BinaryScalar(vec32.Div, y, y, deviation)
 	vec32.Binary(vec32.Mul, y, y, gain)
@@ -369,7 +379,19 @@ func centre(c, x []float32, invN, epsilon float32, t []float32) (deviation float
 	mean := float32(vec32.Sum(x) * invN)
 	vec32.BinaryScalar(vec32.Sub, c, x, mean)
 	vec32.Binary(vec32.Mul, t, c, c)
-	variance := float32(vec32.Sum(t) * invN)
+	return deviationOf(vec32.Sum(t), invN, epsilon)
+}
+
+// meanAndDeviation is centre's mean and deviation of a row that vec32's row passes take, without writing
+// the centred values (the passes compute them again where they need them, to the same bits).
+func meanAndDeviation(x []float32, invN, epsilon float32) (mean, deviation float32) {
+	mean = float32(vec32.Sum(x) * invN)
+	return mean, deviationOf(vec32.SquaredDeviationsSum(x, mean), invN, epsilon)
+}
+
+// deviationOf is √(sumSquares·(1/n) + ε), each operation rounded to float32 as GoMLX's graph rounds it.
+func deviationOf(sumSquares, invN, epsilon float32) float32 {
+	variance := float32(sumSquares * invN)
 	return float32(math.Sqrt(float64(float32(variance + epsilon))))
 }
 
@@ -392,6 +414,11 @@ type layerNormGradConstants struct {
 }
 
 func (k *layerNormGradKernel) name() string { return "layer norm gradient" }
+
+// deviationScale is the factor of the centred values in the input's gradient: dσ·((1/σ)·½)·(1/n).
+func (k *layerNormGradConstants) deviationScale(dDeviation, deviation float32) float32 {
+	return float32(float32(dDeviation*float32(float32(k.one/deviation)*k.half)) * k.invNDeviation)
+}
 
 func (k *layerNormGradKernel) run(backend *simplego.Backend, inputs []*simplego.Buffer, inputsOwned []bool) (*simplego.Buffer, error) {
 	want := 3
@@ -433,6 +460,20 @@ func (k *layerNormGradKernel) run(backend *simplego.Backend, inputs []*simplego.
 //	g = dy·gain;  dσ = Σ −(g·(c/σ²));  k = dσ·((1/σ)·½)·(1/n)
 //	a = g/σ + k·c + k·c;  dx = (residual + a) + (−Σa)·(1/n)
 func layerNormGradRow(dx, x, gain, dy, residual []float32, k *layerNormGradConstants, t []float32) {
+	if vec32.RowPasses(len(x)) {
+		// The same operations as below, a pass per sum: nothing but dx is written.
+		mean, deviation := meanAndDeviation(x, k.invN, k.epsilon)
+		dDeviation := vec32.LayerNormDeviationGradSum(x, dy, gain, mean, float32(deviation*deviation))
+		scale := k.deviationScale(dDeviation, deviation)
+		shift := float32(-vec32.LayerNormGradSum(x, dy, gain, mean, deviation, scale) * k.invNMean)
+		vec32.LayerNormGradOut(dx, x, dy, gain, residual, mean, deviation, scale, shift)
+		return
+	}
+	layerNormGradRowCalls(dx, x, gain, dy, residual, k, t)
+}
+
+// layerNormGradRowCalls is layerNormGradRow one element-wise call per operation: rows of any length.
+func layerNormGradRowCalls(dx, x, gain, dy, residual []float32, k *layerNormGradConstants, t []float32) {
 	n := len(x)
 	c, g, u, a := t[:n], t[n:2*n], t[2*n:3*n], t[3*n:4*n]
 	deviation := centre(c, x, k.invN, k.epsilon, u)
@@ -442,7 +483,7 @@ func layerNormGradRow(dx, x, gain, dy, residual []float32, k *layerNormGradConst
 	// GoMLX negates before it sums. Not the negated sum: a sum of zeros is +0 either way.
 	vec32.Apply(vec32.Neg, u, u)
 	dDeviation := vec32.Sum(u)
-	scale := float32(float32(dDeviation*float32(float32(k.one/deviation)*k.half)) * k.invNDeviation)
+	scale := k.deviationScale(dDeviation, deviation)
 	vec32.BinaryScalar(vec32.Div, a, g, deviation)
 	vec32.BinaryScalar(vec32.Mul, u, c, scale)
 	vec32.Binary(vec32.Add, a, a, u)
@@ -478,6 +519,11 @@ func (k *layerNormProductKernel) run(backend *simplego.Backend, inputs []*simple
 		c, u := s.row[:n], s.row[n:2*n]
 		for r := first; r < end; r++ {
 			lo, hi := r*n, (r+1)*n
+			if vec32.RowPasses(n) {
+				mean, deviation := meanAndDeviation(x[lo:hi], k.invN, k.epsilon)
+				vec32.NormalizedProduct(out[lo:hi], x[lo:hi], dy[lo:hi], mean, deviation)
+				continue
+			}
 			deviation := centre(c, x[lo:hi], k.invN, k.epsilon, u)
 			vec32.BinaryScalar(vec32.Div, c, c, deviation)
 			vec32.Binary(vec32.Mul, out[lo:hi], dy[lo:hi], c)

@@ -87,6 +87,7 @@ func Generate() []byte {
 	g.scatterPoolRow()
 	g.sumSquares()
 	g.deviations()
+	g.rowPasses()
 	g.constants()
 	return g.buf.Bytes()
 }
@@ -903,4 +904,174 @@ func (g *gen) deviations() {
 		g.p("\tVADDPS %s, %s, %s", mem("R11", off), ga, ga)
 		g.p("\tVMOVUPS %s, %s", ga, mem("DX", off))
 	}, nil)
+}
+
+// rowPass describes one of the layer-norm row kernels: its Go signature (for the comment), its frame, the
+// pointers it reads (loaded into registers), the float32 scalars it broadcasts, an optional fold
+// accumulator, and the body that computes one group of eight lanes from two scratch registers.
+type rowPass struct {
+	name, signature string
+	frame           int
+	pointers        []frameArg // registers DX, SI, DI, R8, R9 in order
+	nOffset         int
+	scalars         []frameArg // registers Y8, Y9, … in order
+	accOffset       int        // the fold accumulator's offset, or −1: acc[l] += the body's result, l = i mod 32
+	body            func(k, off int, t0, t1 string)
+}
+
+type frameArg struct {
+	name   string
+	offset int
+}
+
+var rowPointerRegs = []string{"DX", "SI", "DI", "R8", "R9"}
+
+// scalarReg is the register holding a row pass's i-th scalar.
+func scalarReg(i int) string { return y(8 + i) }
+
+// rowPasses writes the layer-norm row kernels: each runs over whole groups of 32 elements (n a multiple of
+// 32), four groups of eight lanes per iteration, and computes exactly the float32 operations of its Go loop
+// (layernorm.go), in the same order and without fused multiply-adds. A fold adds each group's result into
+// accumulators l mod 32 as Sum does, for the Go side to combine.
+func (g *gen) rowPasses() {
+	sign := g.c("signbit", 1<<31)
+	// centred: t = x − mean (scalar 0 holds the mean).
+	centred := func(t string, off int) {
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), t)
+		g.p("\tVSUBPS %s, %s, %s", scalarReg(0), t, t)
+	}
+	passes := []rowPass{
+		{name: "lnSquaresV", signature: "x *float32, n int, mean float32, acc *[32]float32", frame: 32,
+			pointers: []frameArg{{"dummy", -1}, {"x", 0}}, nOffset: 8, scalars: []frameArg{{"mean", 16}}, accOffset: 24,
+			body: func(k, off int, t0, _ string) {
+				centred(t0, off)
+				g.p("\tVMULPS %s, %s, %s", t0, t0, t0)
+			}},
+		{name: "lnOutV", signature: "y, x, gain, offset *float32, n int, mean, dev float32", frame: 48,
+			pointers: []frameArg{{"y", 0}, {"x", 8}, {"gain", 16}, {"offset", 24}}, nOffset: 32,
+			scalars: []frameArg{{"mean", 40}, {"dev", 44}}, accOffset: -1,
+			body: func(k, off int, t0, _ string) {
+				centred(t0, off)
+				g.p("\tVDIVPS %s, %s, %s", scalarReg(1), t0, t0)
+				g.p("\tVMULPS %s, %s, %s", mem("DI", off), t0, t0)
+				g.p("\tVADDPS %s, %s, %s", mem("R8", off), t0, t0)
+				g.p("\tVMOVUPS %s, %s", t0, mem("DX", off))
+			}},
+		{name: "lnProductV", signature: "out, x, dy *float32, n int, mean, dev float32", frame: 40,
+			pointers: []frameArg{{"out", 0}, {"x", 8}, {"dy", 16}}, nOffset: 24,
+			scalars: []frameArg{{"mean", 32}, {"dev", 36}}, accOffset: -1,
+			body: func(k, off int, t0, t1 string) {
+				centred(t0, off)
+				g.p("\tVDIVPS %s, %s, %s", scalarReg(1), t0, t0)
+				g.p("\tVMOVUPS %s, %s", mem("DI", off), t1)
+				g.p("\tVMULPS %s, %s, %s", t0, t1, t1) // dy·c
+				g.p("\tVMOVUPS %s, %s", t1, mem("DX", off))
+			}},
+		{name: "lnGradDevV", signature: "x, dy, gain *float32, n int, mean, dev2 float32, acc *[32]float32", frame: 48,
+			pointers: []frameArg{{"dummy", -1}, {"x", 0}, {"dy", 8}, {"gain", 16}}, nOffset: 24,
+			scalars: []frameArg{{"mean", 32}, {"dev2", 36}}, accOffset: 40,
+			body: func(k, off int, t0, t1 string) {
+				g.p("\tVMOVUPS %s, %s", mem("DI", off), t1)
+				g.p("\tVMULPS %s, %s, %s", mem("R8", off), t1, t1) // g = dy·gain
+				centred(t0, off)
+				g.p("\tVDIVPS %s, %s, %s", scalarReg(1), t0, t0) // c/σ²
+				g.p("\tVMULPS %s, %s, %s", t0, t1, t0)           // g·(c/σ²)
+				g.p("\tVXORPS %s, %s, %s", sign, t0, t0)         // −
+			}},
+	}
+	// The sum of a and the output: a = g/σ + c·scale + c·scale.
+	gradA := func(t0, t1 string, off int) {
+		g.p("\tVMOVUPS %s, %s", mem("DI", off), t1)
+		g.p("\tVMULPS %s, %s, %s", mem("R8", off), t1, t1) // g = dy·gain
+		g.p("\tVDIVPS %s, %s, %s", scalarReg(1), t1, t1)   // g/σ
+		centred(t0, off)
+		g.p("\tVMULPS %s, %s, %s", scalarReg(2), t0, t0) // u = c·scale
+		g.p("\tVADDPS %s, %s, %s", t0, t1, t1)           // a + u
+		g.p("\tVADDPS %s, %s, %s", t0, t1, t1)           // a + u
+	}
+	passes = append(passes,
+		rowPass{name: "lnGradSumV", signature: "x, dy, gain *float32, n int, mean, dev, scale float32, acc *[32]float32",
+			frame: 56, pointers: []frameArg{{"dummy", -1}, {"x", 0}, {"dy", 8}, {"gain", 16}}, nOffset: 24,
+			scalars: []frameArg{{"mean", 32}, {"dev", 36}, {"scale", 40}}, accOffset: 48,
+			body: func(k, off int, t0, t1 string) {
+				gradA(t0, t1, off)
+				g.p("\tVMOVUPS %s, %s", t1, t0)
+			}},
+		rowPass{name: "lnGradOutV", signature: "dx, x, dy, gain *float32, n int, mean, dev, scale, shift float32",
+			frame: 56, pointers: []frameArg{{"dx", 0}, {"x", 8}, {"dy", 16}, {"gain", 24}}, nOffset: 32,
+			scalars: []frameArg{{"mean", 40}, {"dev", 44}, {"scale", 48}, {"shift", 52}}, accOffset: -1,
+			body: func(k, off int, t0, t1 string) {
+				gradA(t0, t1, off)
+				g.p("\tVADDPS %s, %s, %s", scalarReg(3), t1, t1) // a + shift
+				g.p("\tVMOVUPS %s, %s", t1, mem("DX", off))
+			}},
+		rowPass{name: "lnGradOutResV", signature: "dx, x, dy, gain, residual *float32, n int, mean, dev, scale, shift float32",
+			frame: 64, pointers: []frameArg{{"dx", 0}, {"x", 8}, {"dy", 16}, {"gain", 24}, {"residual", 32}}, nOffset: 40,
+			scalars: []frameArg{{"mean", 48}, {"dev", 52}, {"scale", 56}, {"shift", 60}}, accOffset: -1,
+			body: func(k, off int, t0, t1 string) {
+				gradA(t0, t1, off)
+				g.p("\tVMOVUPS %s, %s", mem("R9", off), t0)
+				g.p("\tVADDPS %s, %s, %s", t1, t0, t0)           // residual + a
+				g.p("\tVADDPS %s, %s, %s", scalarReg(3), t0, t0) // + shift
+				g.p("\tVMOVUPS %s, %s", t0, mem("DX", off))
+			}})
+	for _, pass := range passes {
+		g.rowPass(pass)
+	}
+}
+
+func (g *gen) rowPass(r rowPass) {
+	g.p("")
+	ret := ""
+	g.p("// func %s(%s)%s", r.name, r.signature, ret)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-%d", r.name, r.frame)
+	for i, ptr := range r.pointers {
+		if ptr.offset >= 0 {
+			g.p("\tMOVQ %s+%d(FP), %s", ptr.name, ptr.offset, rowPointerRegs[i])
+		}
+	}
+	g.p("\tMOVQ n+%d(FP), CX", r.nOffset)
+	for i, s := range r.scalars {
+		g.p("\tVBROADCASTSS %s+%d(FP), %s", s.name, s.offset, scalarReg(i))
+	}
+	if r.accOffset >= 0 {
+		g.p("\tMOVQ acc+%d(FP), R11", r.accOffset)
+		for k := range 4 {
+			g.p("\tVMOVUPS %d(R11), Y%d", 32*k, k)
+		}
+	}
+	g.p("loop:")
+	g.p("\tTESTQ CX, CX")
+	g.p("\tJZ done")
+	var groups [][]string
+	temps := []string{"Y4", "Y5", "Y6", "Y7", "Y12", "Y13", "Y14", "Y15"}
+	for k := range 4 {
+		t0, t1 := temps[2*k], temps[2*k+1]
+		groups = append(groups, g.lines(func() {
+			r.body(k, 32*k, t0, t1)
+			if r.accOffset >= 0 {
+				g.p("\tVADDPS %s, Y%d, Y%d", t0, k, k) // acc + v, as Sum's fold
+			}
+		}))
+	}
+	for i := range groups[0] {
+		for _, lines := range groups {
+			g.p("%s", lines[i])
+		}
+	}
+	for i, ptr := range r.pointers {
+		if ptr.offset >= 0 && ptr.name != "dummy" {
+			g.p("\tADDQ $128, %s", rowPointerRegs[i])
+		}
+	}
+	g.p("\tSUBQ $32, CX")
+	g.p("\tJMP loop")
+	g.p("done:")
+	if r.accOffset >= 0 {
+		for k := range 4 {
+			g.p("\tVMOVUPS Y%d, %d(R11)", k, 32*k)
+		}
+	}
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
 }
