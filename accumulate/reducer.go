@@ -291,8 +291,8 @@ func (r *Reducer) ZeroGrad() error {
 	return r.Clear()
 }
 
-// Clear zeroes the accumulators on the host (cheaper than a compiled step, and off the hot path: the
-// optimizer's update zeroes them itself) and forgets what happened since the last step.
+// Clear zeroes the accumulators on the host (cheaper than a compiled step, and off the hot path: after an
+// optimizer step the next micro-batch sets them) and forgets what happened since the last step.
 func (r *Reducer) Clear() error {
 	if err := r.forModel(); err != nil {
 		return err
