@@ -124,7 +124,9 @@ func (r *Reducer) CommHook() CommHook { return r.hook }
 func (r *Reducer) Sharding() Sharding { return r.sharding }
 
 // Accumulators are the bucket accumulators (nil without WithAccumulators, and under ShardGradients until a
-// micro-batch accumulated). They are per-rank: a checkpoint taken mid-cycle must keep every rank's.
+// micro-batch accumulated). They are per-rank: a checkpoint taken mid-cycle must keep every rank's. After
+// an optimizer step that left its sums in them (AppliedLeavingSums) their values are those sums until the
+// next micro-batch sets them: read them after ClearSpent, as every reader in this package does.
 func (r *Reducer) Accumulators() []*context.Variable { return r.accumulators }
 
 // SetAccumulators gives the reducer the accumulators it was made without (ShardGradients makes them when a
@@ -165,9 +167,8 @@ func (r *Reducer) EmitGradients(grads []*tensors.Tensor) error {
 }
 
 // ZeroAccumulators zeroes the accumulators in place (where the engines sum them), for an update that did not
-// zero them in its graph (a strategy that splits buckets).
+// zero them in its graph (a strategy that splits buckets) and for ClearSpent.
 func (r *Reducer) ZeroAccumulators() error {
-	r.spent = false
 	for _, v := range r.accumulators {
 		t, err := v.Value()
 		if err != nil {
@@ -179,6 +180,8 @@ func (r *Reducer) ZeroAccumulators() error {
 		}
 		clear(unsafe.Slice((*byte)(buf.Ptr), buf.Bytes))
 	}
+	// Only once every bucket is clear: a failure half-way leaves the rest spent, still read as zeros.
+	r.spent = false
 	return nil
 }
 
@@ -269,8 +272,8 @@ func (r *Reducer) EndMicroBatch(scale, loss float64) error {
 	return nil
 }
 
-// Applied records that the optimizer applied the synced gradients (and zeroed the accumulators in its
-// update graph).
+// Applied records that the optimizer applied the synced gradients and zeroed the accumulators (in its update
+// graph, or on the host: ZeroAccumulators).
 func (r *Reducer) Applied() { r.synced, r.dirty, r.poisoned = false, false, false }
 
 // AppliedLeavingSums records that the optimizer applied the synced gradients and left the accumulators

@@ -12,7 +12,9 @@ import (
 // transposed (then copied into [k, n] first, the kernel's order).
 func tileGemmBatched(g gemmShape, a, b, c []float32) {
 	lda, ldb := g.lda(), g.ldb()
-	rowStarts, offsets := make([]int, g.m), make([]int32, g.k)
+	walk := getWalk(g.m, g.k)
+	defer walks.Put(walk)
+	rowStarts, offsets := walk.rowStarts[:g.m], walk.offsets[:g.k]
 	for i := range rowStarts {
 		rowStarts[i] = i * pick(g.transA, 1, lda)
 	}
@@ -35,6 +37,30 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 		gemmtile.Product{A: a[g.startA(i):], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: ldbi,
 			N: g.n, C: c[i*strideC : (i+1)*strideC], LDC: g.n}.Run(threads.Budget())
 	}
+}
+
+// walk holds how a product's tiles walk A: where each row starts and each term's offset. Pooled, so that
+// products step after step (a layer's, every step) reuse them rather than leave them to the collector.
+type walk struct {
+	rowStarts []int
+	offsets   []int32
+}
+
+var walks sync.Pool // *walk
+
+// getWalk returns a walk from the pool with room for m rows and k terms.
+func getWalk(m, k int) *walk {
+	w, _ := walks.Get().(*walk)
+	if w == nil {
+		w = &walk{}
+	}
+	if cap(w.rowStarts) < m {
+		w.rowStarts = make([]int, m)
+	}
+	if cap(w.offsets) < k {
+		w.offsets = make([]int32, k)
+	}
+	return w
 }
 
 // transposeRows copies src, rows rows of cols elements ld apart, into dst as [cols, rows].

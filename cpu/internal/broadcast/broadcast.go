@@ -81,7 +81,11 @@ func Expand[T any](p Pattern, dst []T, small []T, from int) {
 // gradient scatters into), vector stores for other float32 values, doubling copies otherwise. A loop that
 // stores one element at a time wrote a zeroed 8 MB gradient at a quarter of these speeds.
 func Fill[T any](dst []T, v T) {
-	if len(dst) == 0 {
+	if len(dst) < 16 {
+		// Short runs (a broadcast's inner run can be a few elements): the loop costs less than choosing.
+		for i := range dst {
+			dst[i] = v
+		}
 		return
 	}
 	if allZeroBits(&v) {
