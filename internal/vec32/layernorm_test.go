@@ -74,37 +74,34 @@ func TestLayerNormPassesMatchTheirCalls(t *testing.T) {
 					sameBits(t, []float32{wantSum}, []float32{LayerNormGradSum(x, dy, gain, mean, deviation, scale)},
 						"%s n=%d", name("gradient's sum"), n)
 
-					out := newGuarded(n, 3)
-					NormalizeAffine(out.dst(), x, gain, offset, mean, deviation)
-					sameBits(t, wantOut, out.dst(), "%s n=%d", name("normalised"), n)
-					out.check(t, n, true, "%s n=%d", name("normalised"), n)
-					inPlace := append([]float32(nil), x...)
-					NormalizeAffine(inPlace, inPlace, gain, offset, mean, deviation)
-					sameBits(t, wantOut, inPlace, "%s in place, n=%d", name("normalised"), n)
-
-					out = newGuarded(n, 5)
-					NormalizedProduct(out.dst(), x, dy, mean, deviation)
-					sameBits(t, wantProduct, out.dst(), "%s n=%d", name("product"), n)
-					out.check(t, n, true, "%s n=%d", name("product"), n)
-					inPlace = append([]float32(nil), dy...)
-					NormalizedProduct(inPlace, x, inPlace, mean, deviation)
-					sameBits(t, wantProduct, inPlace, "%s in place, n=%d", name("product"), n)
-
-					out = newGuarded(n, 5)
-					LayerNormGradOut(out.dst(), x, dy, gain, nil, mean, deviation, scale, shift)
-					sameBits(t, wantGrad, out.dst(), "%s n=%d", name("gradient"), n)
-					out.check(t, n, true, "%s n=%d", name("gradient"), n)
-					inPlace = append([]float32(nil), dy...)
-					LayerNormGradOut(inPlace, x, inPlace, gain, nil, mean, deviation, scale, shift)
-					sameBits(t, wantGrad, inPlace, "%s in place, n=%d", name("gradient"), n)
-
-					out = newGuarded(n, 5)
-					LayerNormGradOut(out.dst(), x, dy, gain, residual, mean, deviation, scale, shift)
-					sameBits(t, wantGradRes, out.dst(), "%s with a residual, n=%d", name("gradient"), n)
-					out.check(t, n, true, "%s n=%d", name("gradient with a residual"), n)
-					inPlace = append([]float32(nil), residual...)
-					LayerNormGradOut(inPlace, x, dy, gain, inPlace, mean, deviation, scale, shift)
-					sameBits(t, wantGradRes, inPlace, "%s with a residual, in place, n=%d", name("gradient"), n)
+					// Each writing pass, into a guarded row and in place over the input it may overwrite.
+					for _, w := range []struct {
+						pass    string
+						want    []float32
+						aliased []float32 // the input the output may be
+						run     func(dst, aliased []float32)
+					}{
+						{"normalised", wantOut, x, func(dst, in []float32) {
+							NormalizeAffine(dst, in, gain, offset, mean, deviation)
+						}},
+						{"product", wantProduct, dy, func(dst, in []float32) {
+							NormalizedProduct(dst, x, in, mean, deviation)
+						}},
+						{"gradient", wantGrad, dy, func(dst, in []float32) {
+							LayerNormGradOut(dst, x, in, gain, nil, mean, deviation, scale, shift)
+						}},
+						{"gradient with a residual", wantGradRes, residual, func(dst, in []float32) {
+							LayerNormGradOut(dst, x, dy, gain, in, mean, deviation, scale, shift)
+						}},
+					} {
+						out := newGuarded(n, 5)
+						w.run(out.dst(), w.aliased)
+						sameBits(t, w.want, out.dst(), "%s n=%d", name(w.pass), n)
+						out.check(t, n, true, "%s n=%d", name(w.pass), n)
+						inPlace := append([]float32(nil), w.aliased...)
+						w.run(inPlace, inPlace)
+						sameBits(t, w.want, inPlace, "%s in place, n=%d", name(w.pass), n)
+					}
 				}
 				if accel {
 					check()
