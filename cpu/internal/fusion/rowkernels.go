@@ -376,7 +376,7 @@ func layerNormRowCalls(y, x, gain, offset []float32, invN, epsilon float32, t []
 // centre sets c to the row x less its mean and returns the row's deviation √(Σc²·(1/n) + ε), as GoMLX's
 // layer norm computes them; c may be x, t is scratch of the row's length.
 func centre(c, x []float32, invN, epsilon float32, t []float32) (deviation float32) {
-	mean := float32(vec32.Sum(x) * invN)
+	mean := rowMean(x, invN)
 	vec32.BinaryScalar(vec32.Sub, c, x, mean)
 	vec32.Binary(vec32.Mul, t, c, c)
 	return deviationOf(vec32.Sum(t), invN, epsilon)
@@ -385,9 +385,12 @@ func centre(c, x []float32, invN, epsilon float32, t []float32) (deviation float
 // meanAndDeviation is centre's mean and deviation of a row that vec32's row passes take, without writing
 // the centred values (the passes compute them again where they need them, to the same bits).
 func meanAndDeviation(x []float32, invN, epsilon float32) (mean, deviation float32) {
-	mean = float32(vec32.Sum(x) * invN)
+	mean = rowMean(x, invN)
 	return mean, deviationOf(vec32.SquaredDeviationsSum(x, mean), invN, epsilon)
 }
+
+// rowMean is Σx·(1/n), rounded to float32 as GoMLX's graph rounds it.
+func rowMean(x []float32, invN float32) float32 { return float32(vec32.Sum(x) * invN) }
 
 // deviationOf is √(sumSquares·(1/n) + ε), each operation rounded to float32 as GoMLX's graph rounds it.
 func deviationOf(sumSquares, invN, epsilon float32) float32 {
@@ -516,20 +519,27 @@ func (k *layerNormProductKernel) run(backend *simplego.Backend, inputs []*simple
 	x, dy := data[0].([]float32), data[1].([]float32)
 	n := k.layout.n
 	k.layout.splitRows(func(s *rowScratch, first, end int) {
-		c, u := s.row[:n], s.row[n:2*n]
 		for r := first; r < end; r++ {
 			lo, hi := r*n, (r+1)*n
-			if vec32.RowPasses(n) {
-				mean, deviation := meanAndDeviation(x[lo:hi], k.invN, k.epsilon)
-				vec32.NormalizedProduct(out[lo:hi], x[lo:hi], dy[lo:hi], mean, deviation)
-				continue
-			}
-			deviation := centre(c, x[lo:hi], k.invN, k.epsilon, u)
-			vec32.BinaryScalar(vec32.Div, c, c, deviation)
-			vec32.Binary(vec32.Mul, out[lo:hi], dy[lo:hi], c)
+			layerNormProductRow(out[lo:hi], x[lo:hi], dy[lo:hi], k.invN, k.epsilon, s.row)
 		}
 	})
 	return output, nil
+}
+
+// layerNormProductRow is dy · (c/σ) of one row x, as GoMLX's graph computes it; out may be dy, t is scratch
+// of two rows.
+func layerNormProductRow(out, x, dy []float32, invN, epsilon float32, t []float32) {
+	if vec32.RowPasses(len(x)) {
+		mean, deviation := meanAndDeviation(x, invN, epsilon)
+		vec32.NormalizedProduct(out, x, dy, mean, deviation)
+		return
+	}
+	n := len(x)
+	c, u := t[:n], t[n:2*n]
+	deviation := centre(c, x, invN, epsilon, u)
+	vec32.BinaryScalar(vec32.Div, c, c, deviation)
+	vec32.Binary(vec32.Mul, out, dy, c)
 }
 
 // unmasked is the length of mask row maskRow's leading unmasked run (prefixes' entry; negative: the row is
