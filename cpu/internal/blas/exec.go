@@ -22,6 +22,9 @@ type Counts struct {
 	Strided uint64
 	// Copied DotGenerals ran on the gemm kernel after one or both operands were copied into gemm order.
 	Copied uint64
+	// Through counts the products planned with PlanProduct that ran: DotGenerals that read an operand, or
+	// wrote their result, through a Transpose without copying it.
+	Through uint64
 	// Fallback DotGenerals ran on simplego's own executor: a dtype other than float32/float64, or node data
 	// that does not have the layout this package checked.
 	Fallback uint64
@@ -32,7 +35,7 @@ var directCalls, stridedCalls, copiedCalls, fallbackCalls atomic.Uint64
 // Calls returns the number of DotGenerals computed by each path so far.
 func Calls() Counts {
 	return Counts{Direct: directCalls.Load(), Strided: stridedCalls.Load(), Copied: copiedCalls.Load(),
-		Fallback: fallbackCalls.Load()}
+		Through: throughCalls.Load(), Fallback: fallbackCalls.Load()}
 }
 
 // copyToGemmOrder lets DotGenerals whose layout no gemm transpose flag covers run on the kernel after a copy;

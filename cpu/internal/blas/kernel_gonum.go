@@ -57,10 +57,9 @@ func dgemmBatched(g gemmShape, a, b, c []float64) {
 // gemmBatched runs gemm (gonum's Sgemm or Dgemm) once per batch item of g.
 func gemmBatched[T float32 | float64](g gemmShape, a, b, c []T, gemm func(tA, tB gonumblas.Transpose,
 	m, n, k int, alpha T, a []T, lda int, b []T, ldb int, beta T, c []T, ldc int)) {
-	strideC := g.m * g.n
 	for i := range g.batch {
 		gemm(transposeFlag(g.transA), transposeFlag(g.transB), g.m, g.n, g.k,
 			1, a[g.startA(i):], g.lda(), b[g.startB(i):], g.ldb(),
-			0, c[i*strideC:(i+1)*strideC], g.ldc())
+			0, c[g.startC(i):], g.ldc())
 	}
 }

@@ -33,29 +33,31 @@ static int init_threads(void) {
 
 // The batch loop runs in C so a batched DotGeneral costs one cgo call, not one per batch item. Each call
 // computes rows m0 to m1 of every item's C (all of them: 0 to m); A's row i starts i·lda elements in, or i
-// when A is transposed.
+// when A is transposed, and C's row i·ldc elements into the item.
 
 static void sgemm_rows(int batch, int m0, int m1, int m, int n, int k, int trans_a, int trans_b,
-		const float *a, int lda, const int64_t *off_a, const float *b, int ldb, const int64_t *off_b, float *c) {
+		const float *a, int lda, const int64_t *off_a, const float *b, int ldb, const int64_t *off_b, float *c, int ldc,
+		const int64_t *off_c) {
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
 	const size_t row_a = trans_a ? 1 : (size_t)lda;
 	for (int i = 0; i < batch; i++) {
 		const float *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a) + m0 * row_a;
 		const float *bi = b + (off_b ? (size_t)off_b[i] : i * stride_b);
 		cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-			m1 - m0, n, k, 1.0f, ai, lda, bi, ldb, 0.0f, c + i * stride_c + (size_t)m0 * n, n);
+			m1 - m0, n, k, 1.0f, ai, lda, bi, ldb, 0.0f, c + (off_c ? (size_t)off_c[i] : i * stride_c) + (size_t)m0 * ldc, ldc);
 	}
 }
 
 static void dgemm_rows(int batch, int m0, int m1, int m, int n, int k, int trans_a, int trans_b,
-		const double *a, int lda, const int64_t *off_a, const double *b, int ldb, const int64_t *off_b, double *c) {
+		const double *a, int lda, const int64_t *off_a, const double *b, int ldb, const int64_t *off_b, double *c, int ldc,
+		const int64_t *off_c) {
 	const size_t stride_a = (size_t)m * k, stride_b = (size_t)k * n, stride_c = (size_t)m * n;
 	const size_t row_a = trans_a ? 1 : (size_t)lda;
 	for (int i = 0; i < batch; i++) {
 		const double *ai = a + (off_a ? (size_t)off_a[i] : i * stride_a) + m0 * row_a;
 		const double *bi = b + (off_b ? (size_t)off_b[i] : i * stride_b);
 		cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-			m1 - m0, n, k, 1.0, ai, lda, bi, ldb, 0.0, c + i * stride_c + (size_t)m0 * n, n);
+			m1 - m0, n, k, 1.0, ai, lda, bi, ldb, 0.0, c + (off_c ? (size_t)off_c[i] : i * stride_c) + (size_t)m0 * ldc, ldc);
 	}
 }
 */
@@ -174,7 +176,7 @@ func sgemmBatchedOpenBLAS(g gemmShape, a, b, c []float32) {
 	forRowParts(g, func(m0, m1 int) {
 		C.sgemm_rows(C.int(g.batch), C.int(m0), C.int(m1), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA),
 			cbool(g.transB), (*C.float)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.float)(&b[0]),
-			C.int(g.ldb()), offsetsPointer(g.offB), (*C.float)(&c[0]))
+			C.int(g.ldb()), offsetsPointer(g.offB), (*C.float)(&c[0]), C.int(g.ldc()), offsetsPointer(g.offC))
 	})
 }
 
@@ -183,7 +185,7 @@ func dgemmBatched(g gemmShape, a, b, c []float64) {
 	forRowParts(g, func(m0, m1 int) {
 		C.dgemm_rows(C.int(g.batch), C.int(m0), C.int(m1), C.int(g.m), C.int(g.n), C.int(g.k), cbool(g.transA),
 			cbool(g.transB), (*C.double)(&a[0]), C.int(g.lda()), offsetsPointer(g.offA), (*C.double)(&b[0]),
-			C.int(g.ldb()), offsetsPointer(g.offB), (*C.double)(&c[0]))
+			C.int(g.ldb()), offsetsPointer(g.offB), (*C.double)(&c[0]), C.int(g.ldc()), offsetsPointer(g.offC))
 	})
 }
 

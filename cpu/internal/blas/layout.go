@@ -7,26 +7,27 @@ import (
 
 // gemmShape describes a batch of independent row-major products C[i] = op(A[i]) · op(B[i]), with C[i] of
 // shape [m, n] and the contraction of size k. A[i] is stored as [m, k], or as [k, m] when transA; B[i] as
-// [k, n], or as [n, k] when transB. The batch items of C lie back to back; those of A and B too, unless the
-// operand is strided: then its rows lie ldA (ldB) elements apart and item i starts at offA[i] (offB[i]), as
-// when the batch axes of an operand lie between its rows and its columns (attention's heads).
+// [k, n], or as [n, k] when transB. The batch items of each of A, B and C lie back to back, unless that
+// array is strided: then its rows lie ldA (ldB, ldC) elements apart and item i starts at offA[i] (offB[i],
+// offC[i]), as when the batch axes of an array lie between its rows and its columns (attention's heads).
 type gemmShape struct {
 	batch, m, n, k int
 	transA, transB bool
-	// ldA and ldB are the operands' row strides; 0 means packed (the row length).
-	ldA, ldB int
-	// offA and offB are the operands' batch item starts; nil means back to back.
-	offA, offB []int64
+	// ldA, ldB and ldC are the row strides; 0 means packed (the row length).
+	ldA, ldB, ldC int
+	// offA, offB and offC are the batch item starts; nil means back to back.
+	offA, offB, offC []int64
 }
 
 // lda, ldb and ldc are the row strides of A, B and C, as cblas wants them for row-major storage.
 func (g gemmShape) lda() int { return cmp.Or(g.ldA, pick(g.transA, g.m, g.k)) }
 func (g gemmShape) ldb() int { return cmp.Or(g.ldB, pick(g.transB, g.k, g.n)) }
-func (g gemmShape) ldc() int { return g.n }
+func (g gemmShape) ldc() int { return cmp.Or(g.ldC, g.n) }
 
-// startA and startB are where batch item i of A and B starts.
+// startA, startB and startC are where batch item i of A, B and C starts.
 func (g gemmShape) startA(i int) int { return itemStart(g.offA, i, g.m*g.k) }
 func (g gemmShape) startB(i int) int { return itemStart(g.offB, i, g.k*g.n) }
+func (g gemmShape) startC(i int) int { return itemStart(g.offC, i, g.m*g.n) }
 
 func itemStart(offsets []int64, i, packedSize int) int {
 	if offsets != nil {
@@ -37,6 +38,14 @@ func itemStart(offsets []int64, i, packedSize int) int {
 
 // packed reports whether both operands lie back to back in gemm order (no strides, no offsets).
 func (g gemmShape) packed() bool { return g.ldA == 0 && g.ldB == 0 && g.offA == nil && g.offB == nil }
+
+// transposed returns the products Cᵀ[i] = op(B[i])ᵀ · op(A[i])ᵀ: B's memory read as the first operand and
+// A's as the second, each with its transpose flag flipped, into C's memory read as [n, m] rows (ldC, offC
+// then describe that layout). Each element is the same sum of the same products in the same order.
+func (g gemmShape) transposed() gemmShape {
+	return gemmShape{batch: g.batch, m: g.n, n: g.m, k: g.k, transA: !g.transB, transB: !g.transA,
+		ldA: g.ldB, ldB: g.ldA, ldC: g.ldC, offA: g.offB, offB: g.offA, offC: g.offC}
+}
 
 func pick(cond bool, ifTrue, ifFalse int) int {
 	if cond {

@@ -21,7 +21,6 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 	for k := range offsets {
 		offsets[k] = int32(k * pick(g.transA, lda, 1))
 	}
-	strideC := g.m * g.n
 	var transposed []float32
 	if g.transB {
 		scratch := getScratch(g.k * g.n)
@@ -35,7 +34,7 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 			bi, ldbi = transposed, g.n
 		}
 		gemmtile.Product{A: a[g.startA(i):], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: ldbi,
-			N: g.n, C: c[i*strideC : (i+1)*strideC], LDC: g.n}.Run(threads.Budget())
+			N: g.n, C: c[g.startC(i):], LDC: g.ldc()}.Run(threads.Budget())
 	}
 }
 

@@ -52,6 +52,7 @@ func (b *fusingBuilder) Compile(outputs []backends.Op, shardings []*backends.Sha
 			fusedChains.Add(uint64(fused.Chains))
 			rowNodes.Add(uint64(fused.RowKernels))
 			concatAddNodes.Add(uint64(fused.ConcatAdds))
+			productNodes.Add(uint64(fused.Products))
 			windows.Add(uint64(fused.Windows))
 			fusedOps.Add(uint64(fused.Ops))
 		}
@@ -85,6 +86,7 @@ var (
 
 	fusedChains, fusedOps, runs, rowNodes, rowRuns atomic.Uint64
 	concatAddNodes, concatAddRuns, windows         atomic.Uint64
+	productNodes, productRuns                      atomic.Uint64
 )
 
 func execFused(backend *simplego.Backend, node *simplego.Node, inputs []*simplego.Buffer,
@@ -95,6 +97,9 @@ func execFused(backend *simplego.Backend, node *simplego.Node, inputs []*simpleg
 		return p.run(backend, inputs, inputsOwned)
 	case *concatAddKernel:
 		concatAddRuns.Add(1)
+		return p.run(backend, inputs, inputsOwned)
+	case *productKernel: // before rowKernel, whose methods it has
+		productRuns.Add(1)
 		return p.run(backend, inputs, inputsOwned)
 	case rowKernel:
 		rowRuns.Add(1)
@@ -148,11 +153,14 @@ type Counts struct {
 	ConcatAdds, ConcatAddRuns uint64
 	// Windows counts fused programs' inputs read inside a larger vector instead of through a Slice's copy.
 	Windows uint64
+	// Products and ProductRuns count the matrix products rewritten to read or write through Transposes in
+	// place, and their executions.
+	Products, ProductRuns uint64
 }
 
 // Calls returns the counts so far.
 func Calls() Counts {
 	return Counts{Chains: fusedChains.Load(), Ops: fusedOps.Load(), Runs: runs.Load(), RowKernels: rowNodes.Load(),
 		RowRuns: rowRuns.Load(), ConcatAdds: concatAddNodes.Load(), ConcatAddRuns: concatAddRuns.Load(),
-		Windows: windows.Load()}
+		Windows: windows.Load(), Products: productNodes.Load(), ProductRuns: productRuns.Load()}
 }

@@ -19,6 +19,9 @@ type Result struct {
 	Ops    int // element-wise operations those programs compute
 	// RowKernels counts the nodes rewritten into row kernels: softmaxes, their gradients, layer norms.
 	RowKernels int
+	// Products counts the matrix products rewritten to read an operand or write their result through a
+	// Transpose in place (see productKernel).
+	Products int
 	// ConcatAdds counts the additions of a concatenation rewritten to add each part in place (see
 	// concatAddKernel): the gradient accumulation of every bucket.
 	ConcatAdds int
@@ -201,11 +204,18 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 			return Result{RowKernels: rowNodes}, err
 		}
 	}
+	var products int
+	if productsOn {
+		var err error
+		if products, err = rewriteProducts(outputs); err != nil {
+			return Result{RowKernels: rowNodes, Products: products}, err
+		}
+	}
 	var concatAdds int
 	if concatAddsOn {
 		var err error
 		if concatAdds, err = rewriteConcatAdds(outputs); err != nil {
-			return Result{RowKernels: rowNodes, ConcatAdds: concatAdds}, err
+			return Result{RowKernels: rowNodes, Products: products, ConcatAdds: concatAdds}, err
 		}
 	}
 	g := newGraph(outputs)
@@ -237,7 +247,7 @@ func Fuse(outputs []*simplego.Node) (Result, error) {
 			chains = append(chains, c)
 		}
 	}
-	result := Result{RowKernels: rowNodes, ConcatAdds: concatAdds}
+	result := Result{RowKernels: rowNodes, Products: products, ConcatAdds: concatAdds}
 	for _, c := range chains {
 		// Inputs before the nodes that read them.
 		slices.SortFunc(c.members, func(a, b *simplego.Node) int { return g.position[a] - g.position[b] })
