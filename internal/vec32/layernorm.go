@@ -27,7 +27,7 @@ func SquaredDeviationsSum(x []float32, mean float32) float32 {
 			acc[i%lanes] += float32(d * d)
 		}
 	}
-	return combineSum(&acc)
+	return combine(foldSum, &acc)
 }
 
 // NormalizeAffine sets y = ((x − mean) / deviation)·gain + offset (BinaryScalar Sub and Div, Binary Mul
@@ -70,7 +70,7 @@ func LayerNormDeviationGradSum(x, dy, gain []float32, mean, deviationSquared flo
 			acc[i%lanes] += -float32(g * u)
 		}
 	}
-	return combineSum(&acc)
+	return combine(foldSum, &acc)
 }
 
 // layerNormGradA is a = (dy·gain)/deviation + c·scale + c·scale with c = x − mean, each operation rounded.
@@ -92,7 +92,7 @@ func LayerNormGradSum(x, dy, gain []float32, mean, deviation, scale float32) flo
 			acc[i%lanes] += layerNormGradA(v, dy[i], gain[i], mean, deviation, scale)
 		}
 	}
-	return combineSum(&acc)
+	return combine(foldSum, &acc)
 }
 
 // LayerNormGradOut sets dx = (residual + a) + shift, or a + shift when residual is nil, for a as in

@@ -20,7 +20,7 @@ func Sum(x []float32) float32 {
 	var acc [lanes]float32
 	whole := len(x) / lanes * lanes
 	foldAll(foldSum, x[:whole], &acc)
-	total := combineSum(&acc)
+	total := combine(foldSum, &acc)
 	for _, v := range x[whole:] {
 		total += v
 	}
@@ -41,18 +41,19 @@ func extreme(f fold, x []float32, initial float32) float32 {
 	}
 	whole := len(x) / lanes * lanes
 	foldAll(f, x[:whole], &acc)
-	if f == foldMin {
-		result := combineMin(&acc)
-		for _, v := range x[whole:] {
-			result = min(result, v)
-		}
-		return result
+	// The rest folds as one more group of 32, not element by element: the last 32 elements again (max and
+	// min are idempotent, so an element seen twice changes nothing), or, in a run shorter than 32, the run
+	// padded with initial (already in every running value).
+	switch {
+	case whole == len(x):
+	case whole > 0:
+		foldAll(f, x[len(x)-lanes:], &acc)
+	default:
+		padded := acc
+		copy(padded[:], x)
+		foldAll(f, padded[:], &acc)
 	}
-	result := combineMax(&acc)
-	for _, v := range x[whole:] {
-		result = max(result, v)
-	}
-	return result
+	return combine(f, &acc)
 }
 
 // foldAll folds x (a multiple of 32 elements) into the running values, with the assembly when it runs.
@@ -84,6 +85,20 @@ func foldGo(f fold, x []float32, acc *[lanes]float32) {
 			}
 		}
 	}
+}
+
+// combine folds the running values into one: the assembly's combines, or the Go ones below.
+func combine(f fold, acc *[lanes]float32) float32 {
+	if total, ok := combineAccel(f, acc); ok {
+		return total
+	}
+	switch f {
+	case foldMax:
+		return combineMax(acc)
+	case foldMin:
+		return combineMin(acc)
+	}
+	return combineSum(acc)
 }
 
 // combineSum, combineMax and combineMin fold the running values pairwise into one: l with l+16, then l+8,

@@ -231,6 +231,29 @@ func foldAccel(f fold, x []float32, acc *[lanes]float32) bool {
 	return true
 }
 
+// combineAccel folds the running values into one with the assembly when it runs.
+func combineAccel(f fold, acc *[lanes]float32) (float32, bool) {
+	if !accelerated {
+		return 0, false
+	}
+	switch f {
+	case foldMax:
+		return combineMaxV(acc), true
+	case foldMin:
+		return combineMinV(acc), true
+	}
+	return combineSumV(acc), true
+}
+
+//go:noescape
+func combineSumV(acc *[lanes]float32) float32
+
+//go:noescape
+func combineMaxV(acc *[lanes]float32) float32
+
+//go:noescape
+func combineMinV(acc *[lanes]float32) float32
+
 //go:noescape
 func reduceSumV(a *float32, n int, acc *[lanes]float32)
 

@@ -18,6 +18,8 @@ func scatter4Accel(float32, []float32, []float32, []float32, []float32, []float3
 
 func foldAccel(fold, []float32, *[lanes]float32) bool { return false }
 
+func combineAccel(fold, *[lanes]float32) (float32, bool) { return 0, false }
+
 func fromBoolAccel([]float32, []bool) int { return 0 }
 
 func fillAccel([]float32, float32) int { return 0 }

@@ -395,6 +395,10 @@ func TestCombineIsPairwise(t *testing.T) {
 			{"sum", combineSum, func(a, b float32) float32 { return a + b }},
 			{"max", combineMax, func(a, b float32) float32 { return max(a, b) }},
 			{"min", combineMin, func(a, b float32) float32 { return min(a, b) }},
+			// The assembly's, where it runs (else these are the Go ones again).
+			{"sum (assembly)", func(a *[lanes]float32) float32 { return combine(foldSum, a) }, func(a, b float32) float32 { return a + b }},
+			{"max (assembly)", func(a *[lanes]float32) float32 { return combine(foldMax, a) }, func(a, b float32) float32 { return max(a, b) }},
+			{"min (assembly)", func(a *[lanes]float32) float32 { return combine(foldMin, a) }, func(a, b float32) float32 { return min(a, b) }},
 		} {
 			input := acc
 			got, want := tc.combine(&input), pairwise(acc, tc.op)

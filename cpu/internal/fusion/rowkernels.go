@@ -255,12 +255,17 @@ func softmaxRow(y, x []float32, length int, maskValue float32) {
 		initial = maskValue
 	}
 	m := vec32.MaxOf(x[:length], initial)
-	vec32.BinaryScalar(vec32.Sub, y[:length], x[:length], m)
-	vec32.Apply(vec32.Exp, y[:length], y[:length])
+	// The element-wise steps run over whole vectors of 8 past the unmasked prefix where the row allows
+	// (vec32 computes a last partial vector element by element): the masked elements computed on the way
+	// are cleared before anything reads them.
+	whole := min(len(x), (length+7)&^7)
+	vec32.BinaryScalar(vec32.Sub, y[:whole], x[:whole], m)
+	vec32.Apply(vec32.Exp, y[:whole], y[:whole])
 	clear(y[length:])
 	// The masked zeros are summed too: vec32.Sum's order depends on the row's length, not on its values.
 	sum := vec32.Sum(y)
-	vec32.BinaryScalar(vec32.Div, y[:length], y[:length], sum)
+	vec32.BinaryScalar(vec32.Div, y[:whole], y[:whole], sum)
+	clear(y[length:whole])
 }
 
 // softmaxMasked is softmaxRow for a mask row that is not a prefix; t is scratch of the row's length.

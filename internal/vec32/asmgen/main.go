@@ -80,6 +80,9 @@ func Generate() []byte {
 	g.reduction("reduceSumV", "")
 	g.reduction("reduceMaxV", "max")
 	g.reduction("reduceMinV", "min")
+	g.combine("combineSumV", "")
+	g.combine("combineMaxV", "max")
+	g.combine("combineMinV", "min")
 	g.fromBool()
 	g.fill()
 	g.poolRow("maxPoolRowV", false)
@@ -654,6 +657,38 @@ func (g *gen) reduction(name, fold string) {
 	for k := range 4 {
 		g.p("\tVMOVUPS Y%d, %d(DX)", k, 32*k)
 	}
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
+}
+
+// combine folds the 32 running values of a reduction pairwise into one, l with l+16, then l+8, l+4, l+2
+// and l+1, in registers: reduce.go's combineSum, combineMax and combineMin, the same operation on the same
+// pair at every step (the lower lane first).
+func (g *gen) combine(name, fold string) {
+	apply := func(a, b string, scratch ...string) string {
+		if fold == "" {
+			g.p("\tVADDPS %s, %s, %s", b, a, scratch[0])
+			return scratch[0]
+		}
+		return g.emitMaxMin(fold == "min", a, b, scratch)
+	}
+	g.p("")
+	g.p("// func %s(acc *[32]float32) float32", name)
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-12", name)
+	g.p("\tMOVQ acc+0(FP), DX")
+	for k := range 4 {
+		g.p("\tVMOVUPS %d(DX), Y%d", 32*k, k)
+	}
+	low := apply("Y0", "Y2", "Y4", "Y5", "Y6")  // lanes 0–7 with 16–23
+	high := apply("Y1", "Y3", "Y7", "Y8", "Y9") // lanes 8–15 with 24–31
+	r := apply(low, high, "Y10", "Y11", "Y12")  // l with l+8
+	g.p("\tVPERM2F128 $0x01, %s, %s, Y13", r, r)
+	r = apply(r, "Y13", "Y0", "Y1", "Y2") // l with l+4
+	g.p("\tVPERMILPS $0x4e, %s, Y13", r)
+	r = apply(r, "Y13", "Y3", "Y4", "Y5") // l with l+2
+	g.p("\tVPERMILPS $0xb1, %s, Y13", r)
+	r = apply(r, "Y13", "Y6", "Y7", "Y8") // l with l+1
+	g.p("\tVMOVSS X%s, ret+8(FP)", r[1:])
 	g.p("\tVZEROUPPER")
 	g.p("\tRET")
 }
