@@ -70,12 +70,34 @@ func TestAccelerated(t *testing.T) {
 	assert.True(t, Accelerated())
 }
 
+// eachWidth runs test with the AVX2 kernels only and, where the processor has AVX-512, with its kernels.
+func eachWidth(t *testing.T, test func(t *testing.T)) {
+	hasWide := wide
+	t.Cleanup(func() { wide = hasWide })
+	for _, width := range []struct {
+		name string
+		wide bool
+	}{{"AVX2", false}, {"AVX-512", true}} {
+		t.Run(width.name, func(t *testing.T) {
+			if width.wide && !hasWide {
+				t.Skip("no AVX-512 on this machine")
+			}
+			wide = width.wide
+			test(t)
+		})
+	}
+}
+
 // TestKernelsMatchGo holds every assembly kernel to the Go loop bit for bit, for every length and
-// misalignment, in place and not.
+// misalignment, in place and not: the AVX2 kernels, and the AVX-512 ones where they run.
 func TestKernelsMatchGo(t *testing.T) {
 	if !accelerated {
 		t.Skip("no AVX2 on this machine: there is no assembly to compare")
 	}
+	eachWidth(t, testKernelsMatchGo)
+}
+
+func testKernelsMatchGo(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, n := range lengths {
 		for _, offset := range []int{0, 1, 3} {
@@ -232,10 +254,42 @@ func TestExp(t *testing.T) {
 	t.Logf("worst relative error %.3g", worst)
 }
 
+// TestExpErfEveryValue holds Exp and Erf to the Go loops bit for bit over every float32 of their
+// interesting ranges, one in 613, and the specials: the AVX2 kernels and the AVX-512 ones.
+func TestExpErfEveryValue(t *testing.T) {
+	if !accelerated {
+		t.Skip("no AVX2 on this machine: there is no assembly to compare")
+	}
+	var xs []float32
+	for bits := math.Float32bits(-110); bits > math.Float32bits(-1e-30); bits -= 613 {
+		xs = append(xs, math.Float32frombits(bits))
+	}
+	for bits := uint32(0); math.Float32frombits(bits) < 90; bits += 613 {
+		xs = append(xs, math.Float32frombits(bits))
+	}
+	xs = append(xs, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.Copysign(0, -1)))
+	eachWidth(t, func(t *testing.T) {
+		for _, u := range []Unary{Exp, Erf} {
+			want, got := make([]float32, len(xs)), make([]float32, len(xs))
+			withGo(func() { Apply(u, want, xs) })
+			Apply(u, got, xs)
+			sameBits(t, want, got, "%s over %d values", u, len(xs))
+		}
+	})
+}
+
 // TestExpSubnormalInPlace: the assembly leaves subnormal lanes for the Go side, which must find them also
 // when the input was overwritten.
 func TestExpSubnormalInPlace(t *testing.T) {
-	x := []float32{-90, -95, 0, 1, -100, -103.9, -88, 2, -104.5, -87.34, 3, 4, 5, 6, 7, 8}
+	eachWidth(t, testExpSubnormalInPlace)
+}
+
+func testExpSubnormalInPlace(t *testing.T) {
+	values := []float32{-90, -95, 0, 1, -100, -103.9, -88, 2, -104.5, -87.34, 3, 4, 5, 6, 7, 8}
+	var x []float32
+	for range 20 { // past wideFrom, so that the AVX-512 kernel meets them too
+		x = append(x, values...)
+	}
 	want := make([]float32, len(x))
 	for i, v := range x {
 		want[i] = float32(math.Exp(float64(v)))
@@ -297,18 +351,17 @@ func BenchmarkKernels(b *testing.B) {
 		{"Exp/spread", func() { Apply(Exp, dst, spread) }},
 		{"Erf", func() { Apply(Erf, dst, x) }},
 	}
+	hasWide := wide
+	defer func() { wide = hasWide }()
 	for _, c := range cases {
-		for _, accel := range []bool{false, true} {
-			if accel && !accelerated {
+		for _, kernel := range []string{"go", "avx2", "avx512"} {
+			if (kernel == "avx2" && !accelerated) || (kernel == "avx512" && !hasWide) {
 				continue
 			}
-			name := c.name + "/go"
-			if accel {
-				name = c.name + "/avx2"
-			}
-			b.Run(name, func(b *testing.B) {
+			b.Run(c.name+"/"+kernel, func(b *testing.B) {
 				b.SetBytes(4 * n)
-				if accel {
+				wide = kernel == "avx512"
+				if kernel != "go" {
 					for b.Loop() {
 						c.run()
 					}

@@ -1,6 +1,6 @@
 // Command asmgen writes goaccel's generated amd64 assembly; `go generate` in each package runs it.
 //
-//	asmgen [-out vec32_amd64.s]   package vec32's AVX2 kernels
+//	asmgen [-out vec32_amd64.s]   package vec32's AVX2 kernels (and AVX-512 forms of Exp and Erf)
 //	asmgen -tiles DIR             package gemmtile's tiles: DIR/tile_amd64.s and DIR/tile512_amd64.s
 //
 // Each vec32 kernel computes, eight lanes at a time, exactly the float32 operations of the Go loop it
@@ -8,6 +8,9 @@
 // the same results; the package's tests check that they do. Every kernel takes n, a multiple of 8; the Go
 // side runs the last n mod 8 elements. The loops are unrolled where the operation is short, so that loads
 // of the next vectors overlap the arithmetic.
+//
+// Exp and Erf also have sixteen-lane AVX-512 forms (expV512, erfV512): the same operations per lane, the
+// AVX2 kernels' blends as masked moves, constants read with embedded broadcasts.
 //
 // The gemmtile tiles (tiles.go) are fused multiply-add micro-kernels of 6 rows × 16 or 8 columns (AVX2) and
 // 64 or 32 columns (AVX-512).
@@ -75,6 +78,8 @@ func Generate() []byte {
 	g.sqrt()
 	g.exp()
 	g.erf()
+	g.expWide()
+	g.erfWide()
 	g.selectKernel()
 	g.scatter4()
 	g.reduction("reduceSumV", "")
@@ -547,6 +552,153 @@ func (g *gen) erf() {
 		g.p("\tVDIVPS %s, %s, %s", q, p, p)
 		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, nan) // NaN
 		g.p("\tVBLENDVPS %s, %s, %s, %s", nan, x, p, p)
+		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
+	}, nil)
+}
+
+// wideKernel writes an AVX-512 kernel over n elements, n a multiple of 16 (the Go side runs a last group of
+// eight on the AVX2 kernel): body(k, off) computes group k of sixteen lanes in Z registers, unroll groups
+// interleaved per iteration, then single groups. Constants are 32-byte rows of the AVX2 kernels' table, read
+// with an embedded broadcast of their first lane (.BCST) or VBROADCASTSS.
+func (g *gen) wideKernel(name string, a args, unroll int, setup func(), body func(k, off int), finish func()) {
+	size, nOffset := a.frame()
+	g.p("")
+	g.p("// func %s(dst, a *float32, n int)%s", name, map[bool]string{true: " int"}[a.ret])
+	g.p("TEXT ·%s(SB), NOSPLIT, $0-%d", name, size)
+	for i, ptr := range a.pointers {
+		g.p("\tMOVQ %s+%d(FP), %s", ptr, 8*i, a.regs[i])
+	}
+	g.p("\tMOVQ n+%d(FP), CX", nOffset)
+	if setup != nil {
+		setup()
+	}
+	loop := func(label, next string, groups int) {
+		g.p("%s:", label)
+		g.p("\tCMPQ CX, $%d", 16*groups)
+		g.p("\tJL %s", next)
+		var lines [][]string
+		for k := range groups {
+			lines = append(lines, g.lines(func() { body(k, 64*k) }))
+		}
+		for i := range lines[0] {
+			for _, l := range lines {
+				g.p("%s", l[i])
+			}
+		}
+		for _, r := range a.regs {
+			g.p("\tADDQ $%d, %s", 64*groups, r)
+		}
+		g.p("\tSUBQ $%d, CX", 16*groups)
+		g.p("\tJMP %s", label)
+	}
+	loop(fmt.Sprintf("loop%d", unroll), "loop1", unroll)
+	loop("loop1", "done", 1)
+	g.p("done:")
+	if finish != nil {
+		finish()
+	}
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
+}
+
+func z(i int) string { return fmt.Sprintf("Z%d", i) }
+
+// expWide is exp on sixteen lanes (expV512): the same operations in the same order, its blends as masked
+// moves. The lanes left for the Go side set bits of the return value as in expV.
+func (g *gen) expWide() {
+	a := args{pointers: []string{"dst", "a"}, regs: []string{"DX", "SI"}, ret: true}
+	cLog2e, cMagic := g.f("log2e", log2e), g.f("roundMagic", roundMagic)
+	cHi, cLo := g.f("ln2Hi", ln2Hi), g.f("ln2Lo", ln2Lo)
+	var cP []string
+	for i, v := range expP {
+		cP = append(cP, g.f(fmt.Sprintf("expP%d", i), v))
+	}
+	cOne := g.f("one", 1)
+	cBias := g.c("int127", 127)
+	cSub, cZero, cOver := g.f("expSubnormal", expSubnormal), g.f("expZero", expZero), g.f("expOverflow", expOverflow)
+	cInf := g.c("inf", 0x7f800000)
+	g.wideKernel("expV512", a, 2, func() { g.p("\tXORQ R9, R9") }, func(k, off int) {
+		r := func(i int) string { return z(7*k + i) }
+		x, n, rr, t, p, ki, h := r(0), r(1), r(2), r(3), r(4), r(5), r(6)
+		// Three mask registers per group (K1–K3, K4–K6): the groups' instructions interleave.
+		below, zero, other := fmt.Sprintf("K%d", 1+3*k), fmt.Sprintf("K%d", 2+3*k), fmt.Sprintf("K%d", 3+3*k)
+		gpr := []string{"AX", "BX"}[k]
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), x)
+		g.p("\tVMULPS.BCST %s, %s, %s", cLog2e, x, n)
+		g.p("\tVADDPS.BCST %s, %s, %s", cMagic, n, n)
+		g.p("\tVSUBPS.BCST %s, %s, %s", cMagic, n, n)
+		g.p("\tVMULPS.BCST %s, %s, %s", cHi, n, t)
+		g.p("\tVSUBPS %s, %s, %s", t, x, rr)
+		g.p("\tVMULPS.BCST %s, %s, %s", cLo, n, t)
+		g.p("\tVSUBPS %s, %s, %s", t, rr, rr)
+		g.p("\tVBROADCASTSS %s, %s", cP[0], p)
+		for _, c := range cP[1:] {
+			g.p("\tVMULPS %s, %s, %s", rr, p, p)
+			g.p("\tVADDPS.BCST %s, %s, %s", c, p, p)
+		}
+		g.p("\tVMULPS %s, %s, %s", rr, p, p)
+		g.p("\tVMULPS %s, %s, %s", rr, p, p)
+		g.p("\tVADDPS %s, %s, %s", rr, p, p)
+		g.p("\tVADDPS.BCST %s, %s, %s", cOne, p, p)
+		g.p("\tVCVTTPS2DQ %s, %s", n, ki)
+		g.p("\tVPSRAD $1, %s, %s", ki, h)
+		g.p("\tVPSUBD %s, %s, %s", h, ki, ki)
+		g.p("\tVPADDD.BCST %s, %s, %s", cBias, h, h)
+		g.p("\tVPSLLD $23, %s, %s", h, h)
+		g.p("\tVPADDD.BCST %s, %s, %s", cBias, ki, ki)
+		g.p("\tVPSLLD $23, %s, %s", ki, ki)
+		g.p("\tVMULPS %s, %s, %s", h, p, p)
+		g.p("\tVMULPS %s, %s, %s", ki, p, p)
+		// Outside the fast path, in expV's order.
+		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cSub, x, below)  // x < expSubnormal
+		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cZero, x, zero)  // x < expZero
+		g.p("\tKNOTW %s, %s", zero, other)                     // not zero
+		g.p("\tVMOVAPS.Z %s, %s, %s", x, other, ki)            // zero ? 0 : x
+		g.p("\tVMOVAPS %s, %s, %s", ki, below, p)              // below ? that : e^x
+		g.p("\tKANDNW %s, %s, %s", below, zero, other)         // below and not zero: subnormal
+		g.p("\tKMOVW %s, %s", other, gpr)
+		g.p("\tORQ %s, R9", gpr)
+		g.p("\tVCMPPS.BCST $0x1e, %s, %s, %s", cOver, x, below) // x > expOverflow
+		g.p("\tVBROADCASTSS %s, %s, %s", cInf, below, p)
+		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, below) // NaN
+		g.p("\tVMOVAPS %s, %s, %s", x, below, p)
+		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
+	}, func() { g.p("\tMOVQ R9, subnormal+24(FP)") })
+}
+
+// erfWide is erf on sixteen lanes (erfV512).
+func (g *gen) erfWide() {
+	a := args{pointers: []string{"dst", "a"}, regs: []string{"DX", "SI"}}
+	cLow, cHigh := g.f("minusErfClamp", -erfClamp), g.f("erfClamp", erfClamp)
+	var cP, cQ []string
+	for i, v := range erfP {
+		cP = append(cP, g.f(fmt.Sprintf("erfP%d", i), v))
+	}
+	for i, v := range erfQ {
+		cQ = append(cQ, g.f(fmt.Sprintf("erfQ%d", i), v))
+	}
+	g.wideKernel("erfV512", a, 4, nil, func(k, off int) {
+		r := func(i int) string { return z(6*k + i) }
+		x, c, x2, p, q := r(0), r(1), r(2), r(3), r(4)
+		nan := fmt.Sprintf("K%d", 1+k)
+		g.p("\tVMOVUPS %s, %s", mem("SI", off), x)
+		g.p("\tVMAXPS.BCST %s, %s, %s", cLow, x, c)
+		g.p("\tVMINPS.BCST %s, %s, %s", cHigh, c, c)
+		g.p("\tVMULPS %s, %s, %s", c, c, x2)
+		g.p("\tVBROADCASTSS %s, %s", cP[0], p)
+		g.p("\tVBROADCASTSS %s, %s", cQ[0], q)
+		for i := 1; i < len(cP); i++ {
+			g.p("\tVMULPS %s, %s, %s", x2, p, p)
+			g.p("\tVADDPS.BCST %s, %s, %s", cP[i], p, p)
+			if i < len(cQ) {
+				g.p("\tVMULPS %s, %s, %s", x2, q, q)
+				g.p("\tVADDPS.BCST %s, %s, %s", cQ[i], q, q)
+			}
+		}
+		g.p("\tVMULPS %s, %s, %s", p, c, p)
+		g.p("\tVDIVPS %s, %s, %s", q, p, p)
+		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, nan)
+		g.p("\tVMOVAPS %s, %s, %s", x, nan, p)
 		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
 	}, nil)
 }
