@@ -5,6 +5,9 @@ package vec32
 // Without assembly (other architectures, and builds with the purego tag) every loop is generic.go's.
 var accelerated = false
 
+// wide is never true here: there are no AVX-512 kernels to run.
+var wide = false
+
 func binaryAccel(Op, []float32, []float32, []float32) int        { return 0 }
 func binaryScalarAccel(Op, []float32, []float32, float32) int    { return 0 }
 func scalarBinaryAccel(Op, []float32, float32, []float32) int    { return 0 }

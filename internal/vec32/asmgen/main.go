@@ -650,8 +650,8 @@ func (g *gen) expWide() {
 		g.p("\tVMULPS %s, %s, %s", h, p, p)
 		g.p("\tVMULPS %s, %s, %s", ki, p, p)
 		// Outside the fast path, in expV's order.
-		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cSub, x, below)  // x < expSubnormal
-		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cZero, x, zero)  // x < expZero
+		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cSub, x, below) // x < expSubnormal
+		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cZero, x, zero) // x < expZero
 		g.p("\tKNOTW %s, %s", zero, other)                     // not zero
 		g.p("\tVMOVAPS.Z %s, %s, %s", x, other, ki)            // zero ? 0 : x
 		g.p("\tVMOVAPS %s, %s, %s", ki, below, p)              // below ? that : e^x
