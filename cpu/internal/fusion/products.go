@@ -9,7 +9,7 @@ import (
 )
 
 // Products through transposes: a DotGeneral whose result only a Transpose reads (through simplego's
-// Reshape), or whose operand is a Transpose only it reads, becomes one node that runs the gemm reading and
+// Reshape), or whose operand is a Transpose only products read, becomes one node that runs the gemm reading and
 // writing those layouts in place (blas.PlanProduct says when it can). Attention makes six such pairs per
 // layer and step: the scores and the weighted values laid back out as [batch, seq, heads, …], and their
 // gradients read through the same Transposes. Only where the matrix kernel is blas's (blas.Installed):
@@ -38,7 +38,24 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		consumers := g.consumers[node]
 		return !g.isOutput[node] && len(consumers) == 1 && consumers[0] == consumer
 	}
-	// operands returns the dot's operands as the arrays to read, through the Transposes only it reads.
+	isDot := func(node *simplego.Node) bool {
+		_, ok := is(node, backends.OpTypeDotGeneral, 2)
+		return ok
+	}
+	// onlyProducts reports whether every reader of node is a DotGeneral: a Transpose read by products
+	// alone (a gradient's two products, each reading it) need not run once they read through it.
+	onlyProducts := func(node *simplego.Node) bool {
+		if g.isOutput[node] || len(g.consumers[node]) == 0 {
+			return false
+		}
+		for _, consumer := range g.consumers[node] {
+			if !isDot(consumer) {
+				return false
+			}
+		}
+		return true
+	}
+	// operands returns the dot's operands as the arrays to read, through the Transposes only products read.
 	operands := func(dot *simplego.Node) (lhs, rhs blas.Operand, inputs []*simplego.Node, through bool) {
 		in := gomlxpatch.NodeInputs(dot)
 		inputs = []*simplego.Node{in[0], in[1]}
@@ -47,7 +64,7 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 			layouts[i] = blas.Operand{Dims: shapeOf(operand).Dimensions}
 			source, ok := is(operand, backends.OpTypeTranspose, 1)
 			permutation, isPerm := gomlxpatch.NodeData(operand).([]int)
-			if !ok || !isPerm || !only(operand, dot) {
+			if !ok || !isPerm || !onlyProducts(operand) {
 				continue
 			}
 			layouts[i] = blas.Operand{Dims: shapeOf(source[0]).Dimensions, Permutation: permutation}
@@ -56,11 +73,6 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		}
 		return layouts[0], layouts[1], inputs, through
 	}
-	isDot := func(node *simplego.Node) bool {
-		_, ok := is(node, backends.OpTypeDotGeneral, 2)
-		return ok
-	}
-
 	rewritten := 0
 	absorbed := map[*simplego.Node]bool{}
 	// Results read through a Transpose: the Transpose becomes the product.
