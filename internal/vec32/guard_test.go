@@ -20,13 +20,14 @@ const guardElems = 24
 
 var sentinel = math.Float32frombits(sentinelBits)
 
-// guardLengths are 0 to 70 (every tail and unrolled-loop remainder) and some large odd lengths.
+// guardLengths are 0 to 70 (every tail and unrolled-loop remainder) and some large lengths (280 takes the
+// AVX-512 kernels' single-group loop too).
 func guardLengths() []int {
 	var lengths []int
 	for n := range 71 {
 		lengths = append(lengths, n)
 	}
-	return append(lengths, 127, 257, 1001, 4099, 65537)
+	return append(lengths, 127, 257, 280, 1001, 4099, 65537)
 }
 
 // guardStarts are the destination's offsets into its buffer past the guard band, in elements: eight

@@ -61,7 +61,7 @@ func withGo(fn func()) {
 
 // lengths cover the unrolled loop, the single-vector loop and the Go tail, at offsets that misalign the
 // slices.
-var lengths = []int{0, 1, 7, 8, 9, 31, 32, 33, 63, 100, 257, 1000}
+var lengths = []int{0, 1, 7, 8, 9, 31, 32, 33, 63, 100, 257, 280, 1000}
 
 func TestAccelerated(t *testing.T) {
 	if !accelerated {

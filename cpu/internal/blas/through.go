@@ -9,6 +9,7 @@ import (
 	"github.com/gomlx/gomlx/pkg/core/dtypes"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 
+	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
 	"github.com/goaccel/goaccel/cpu/internal/gomlxpatch"
 )
 
@@ -52,6 +53,11 @@ func PlanProduct(dot *simplego.Node, lhs, rhs Operand, output []int) (product *P
 	if params == nil || !shapeOK || (dotShape.DType != dtypes.Float32 && dotShape.DType != dtypes.Float64) {
 		return nil, false
 	}
+	if !Built && (dotShape.DType == dtypes.Float64 || !gemmtile.Accelerated()) {
+		// gonum's gemm sums in an order that depends on the transpose flags, which reading in place may
+		// change: not the same bits. OpenBLAS and the tiles keep each element's order.
+		return nil, false
+	}
 	lhsDims, lhsOK := operandDims(lhs)
 	rhsDims, rhsOK := operandDims(rhs)
 	if !lhsOK || !rhsOK || !sizesMatch(lhsDims, params.lhsBatchAxes, params.lhsContractingAxes, params.lhsCrossSize, params) ||
@@ -62,11 +68,14 @@ func PlanProduct(dot *simplego.Node, lhs, rhs Operand, output []int) (product *P
 	rhsCross := rowsAxesOf(len(rhsDims), params.rhsBatchAxes, params.rhsContractingAxes)
 
 	// The operands as arrays read in place: every axis of the DotGeneral names the array's axis under it.
-	// The cross axes must keep their order, which is the order of the result's rows and columns.
+	// The cross axes must keep their order, which is the order of the result's rows and columns; and the
+	// contracting axes theirs, which is the order of each element's sum (planGemm pairs them in memory
+	// order).
 	mapped := *params
 	mapped.lhsBatchAxes, mapped.lhsContractingAxes = through(lhs.Permutation, params.lhsBatchAxes), through(lhs.Permutation, params.lhsContractingAxes)
 	mapped.rhsBatchAxes, mapped.rhsContractingAxes = through(rhs.Permutation, params.rhsBatchAxes), through(rhs.Permutation, params.rhsContractingAxes)
-	if !increasing(through(lhs.Permutation, lhsCross)) || !increasing(through(rhs.Permutation, rhsCross)) {
+	if !keepsOrder(lhs.Permutation, lhsCross) || !keepsOrder(rhs.Permutation, rhsCross) ||
+		!keepsOrder(lhs.Permutation, params.lhsContractingAxes) || !keepsOrder(rhs.Permutation, params.rhsContractingAxes) {
 		return nil, false
 	}
 	plan, ok := planGemm(lhs.Dims, rhs.Dims, &mapped, false)
@@ -110,6 +119,11 @@ func PlanProduct(dot *simplego.Node, lhs, rhs Operand, output []int) (product *P
 	}
 	plan.gemm.ldC, plan.gemm.offC = layout.ld, layout.offsets
 	if !layout.contractingLast {
+		if plan.gemm.m == 1 || plan.gemm.n == 1 {
+			// A product with one row or column may run as a matrix-vector product on one side of the swap
+			// and not the other: keep the Transpose.
+			return nil, false
+		}
 		plan.gemm = plan.gemm.transposed()
 		product.swapped = true
 	}
@@ -194,7 +208,11 @@ func through(permutation, axes []int) []int {
 	return mapped
 }
 
-func increasing(axes []int) bool { return slices.IsSorted(axes) }
+// keepsOrder reports whether the permutation keeps axes (of the operand) in the same relative order in the
+// array beneath it.
+func keepsOrder(permutation, axes []int) bool {
+	return slices.IsSorted(through(permutation, slices.Sorted(slices.Values(axes))))
+}
 
 func isPermutation(axes []int) bool {
 	seen := make([]bool, len(axes))

@@ -13,7 +13,8 @@ import (
 // writing those layouts in place (blas.PlanProduct says when it can). Attention makes six such pairs per
 // layer and step: the scores and the weighted values laid back out as [batch, seq, heads, …], and their
 // gradients read through the same Transposes. Only where the matrix kernel is blas's (blas.Installed):
-// otherwise the DotGeneral stays simplego's.
+// otherwise the DotGeneral stays simplego's. An executable compiled so keeps running blas's kernels if blas
+// is uninstalled afterwards, as it keeps running fusion's.
 
 // productsOn turns the rewrite on; tests and benchmarks turn it off to compare with the Transposes.
 var productsOn = true
@@ -38,9 +39,11 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		consumers := g.consumers[node]
 		return !g.isOutput[node] && len(consumers) == 1 && consumers[0] == consumer
 	}
+	// rewrittenDots are the DotGenerals this pass made products of in place (no longer DotGeneral nodes).
+	rewrittenDots := map[*simplego.Node]bool{}
 	isDot := func(node *simplego.Node) bool {
 		_, ok := is(node, backends.OpTypeDotGeneral, 2)
-		return ok
+		return ok || rewrittenDots[node]
 	}
 	// onlyProducts reports whether every reader of node is a DotGeneral: a Transpose read by products
 	// alone (a gradient's two products, each reading it) need not run once they read through it.
@@ -116,6 +119,7 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		if err := gomlxpatch.Rewrite(node, fusedOpType, inputs, &productKernel{product: product}); err != nil {
 			return rewritten, err
 		}
+		rewrittenDots[node] = true
 		rewritten++
 	}
 	return rewritten, nil

@@ -74,6 +74,37 @@ func TestProductsThroughTransposes(t *testing.T) {
 	}
 }
 
+// TestTwoProductsReadOneTranspose: a Transpose read by two DotGenerals whose results need no Transpose
+// (both rewritten in place) stops running once the first is rewritten as well as the second.
+func TestTwoProductsReadOneTranspose(t *testing.T) {
+	_, fused := backendsUnderTest(t)
+	if !blas.Installed() {
+		require.NoError(t, blas.Install(0))
+		t.Cleanup(blas.Uninstall)
+	}
+	rng := rand.New(rand.NewPCG(25, 26))
+	shape := f32(3, 8, 2, 4)
+	args := []*tensors.Tensor{computetest.RandomTensor(rng, shape), computetest.RandomTensor(rng, shape),
+		computetest.RandomTensor(rng, shape)}
+	fn := func(x []*graph.Node) []*graph.Node {
+		heads := graph.TransposeAllAxes(x[0], 0, 2, 1, 3) // [b, h, s, d]
+		return []*graph.Node{
+			graph.DotGeneral(heads, []int{3}, []int{0, 1}, x[1], []int{3}, []int{0, 2}),
+			graph.DotGeneral(heads, []int{3}, []int{0, 1}, x[2], []int{3}, []int{0, 2}),
+		}
+	}
+	productsOn = false
+	want := runOn(t, fused, fn, args)
+	productsOn = true
+	before, transposesBefore := Calls(), elementwise.Calls().Transposes
+	got := runOn(t, fused, fn, args)
+	assert.Equal(t, uint64(2), Calls().Products-before.Products)
+	assert.Zero(t, elementwise.Calls().Transposes-transposesBefore, "the Transpose still ran")
+	for i := range want {
+		sameValues(t, want[i], got[i], "output %d", i)
+	}
+}
+
 // TestProductsNeedTheMatrixKernel: without blas's executor a DotGeneral stays simplego's, Transpose and all.
 func TestProductsNeedTheMatrixKernel(t *testing.T) {
 	_, fused := backendsUnderTest(t)
