@@ -157,28 +157,30 @@ func (p *Product) Run(backend *simplego.Backend, inputs []*simplego.Buffer) (*si
 		_ = backend.BufferFinalize(output)
 		return nil, err
 	}
-	switch out := outputFlat.(type) {
+	var ran bool
+	switch outputFlat.(type) {
 	case []float32:
-		lhs, lhsOK := lhsFlat.([]float32)
-		rhs, rhsOK := rhsFlat.([]float32)
-		if !lhsOK || !rhsOK {
-			break
-		}
-		sgemmBatched(p.plan.gemm, lhs, rhs, out)
-		throughCalls.Add(1)
-		return output, nil
+		ran = runGemm(p.plan.gemm, lhsFlat, rhsFlat, outputFlat, sgemmBatched)
 	case []float64:
-		lhs, lhsOK := lhsFlat.([]float64)
-		rhs, rhsOK := rhsFlat.([]float64)
-		if !lhsOK || !rhsOK {
-			break
-		}
-		dgemmBatched(p.plan.gemm, lhs, rhs, out)
-		throughCalls.Add(1)
-		return output, nil
+		ran = runGemm(p.plan.gemm, lhsFlat, rhsFlat, outputFlat, dgemmBatched)
 	}
-	_ = backend.BufferFinalize(output)
-	return nil, fmt.Errorf("blas: product: operands of %T and %T for a result of %s", lhsFlat, rhsFlat, p.shape)
+	if !ran {
+		_ = backend.BufferFinalize(output)
+		return nil, fmt.Errorf("blas: product: operands of %T and %T for a result of %s", lhsFlat, rhsFlat, p.shape)
+	}
+	throughCalls.Add(1)
+	return output, nil
+}
+
+// runGemm runs gemm on the flat data when all three hold T; it reports whether they did.
+func runGemm[T float32 | float64](g gemmShape, lhs, rhs, out any, gemm func(gemmShape, []T, []T, []T)) bool {
+	a, aOK := lhs.([]T)
+	b, bOK := rhs.([]T)
+	c, cOK := out.([]T)
+	if aOK && bOK && cOK {
+		gemm(g, a, b, c)
+	}
+	return aOK && bOK && cOK
 }
 
 // operandDims returns the dimensions of the DotGeneral's operand: o.Dims through o.Permutation.

@@ -77,6 +77,19 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		return layouts[0], layouts[1], inputs, through
 	}
 	rewritten := 0
+	// rewrite makes node (dot, or the Transpose of dot's result by output) the planned product, if dot plans.
+	rewrite := func(node, dot *simplego.Node, output []int) (bool, error) {
+		lhs, rhs, inputs, _ := operands(dot)
+		product, ok := blas.PlanProduct(dot, lhs, rhs, output)
+		if !ok || !product.Shape().Equal(shapeOf(node)) {
+			return false, nil
+		}
+		if err := gomlxpatch.Rewrite(node, fusedOpType, inputs, &productKernel{product: product}); err != nil {
+			return false, err
+		}
+		rewritten++
+		return true, nil
+	}
 	absorbed := map[*simplego.Node]bool{}
 	// Results read through a Transpose: the Transpose becomes the product.
 	for _, node := range g.order {
@@ -92,35 +105,25 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		if !isDot(dot) || !only(dot, consumer) {
 			continue
 		}
-		lhs, rhs, inputs, _ := operands(dot)
-		product, ok := blas.PlanProduct(dot, lhs, rhs, permutation)
-		if !ok || !product.Shape().Equal(shapeOf(node)) {
-			continue
-		}
-		if err := gomlxpatch.Rewrite(node, fusedOpType, inputs, &productKernel{product: product}); err != nil {
+		done, err := rewrite(node, dot, permutation)
+		if err != nil {
 			return rewritten, err
 		}
-		absorbed[dot] = true
-		rewritten++
+		absorbed[dot] = done
 	}
 	// Operands read through a Transpose: the DotGeneral becomes the product.
 	for _, node := range g.order {
 		if absorbed[node] || !isDot(node) {
 			continue
 		}
-		lhs, rhs, inputs, through := operands(node)
-		if !through {
+		if _, _, _, through := operands(node); !through {
 			continue
 		}
-		product, ok := blas.PlanProduct(node, lhs, rhs, nil)
-		if !ok || !product.Shape().Equal(shapeOf(node)) {
-			continue
-		}
-		if err := gomlxpatch.Rewrite(node, fusedOpType, inputs, &productKernel{product: product}); err != nil {
+		done, err := rewrite(node, node, nil)
+		if err != nil {
 			return rewritten, err
 		}
-		rewrittenDots[node] = true
-		rewritten++
+		rewrittenDots[node] = done
 	}
 	return rewritten, nil
 }

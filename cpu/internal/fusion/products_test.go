@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/gomlx/gomlx/backends"
 	"github.com/gomlx/gomlx/pkg/core/graph"
 	"github.com/gomlx/gomlx/pkg/core/shapes"
 	"github.com/gomlx/gomlx/pkg/core/tensors"
@@ -29,14 +30,21 @@ func attention(x []*graph.Node) []*graph.Node {
 	return append([]*graph.Node{out}, graph.Gradient(loss, q, k, v)...)
 }
 
-// TestProductsThroughTransposes runs attention and its gradients with and without the rewrite, on GoMLX's
-// own product gradients and on gemmgrad's: the same bits, and the rewrite ran.
-func TestProductsThroughTransposes(t *testing.T) {
+// withMatrixKernel returns the fused backend with blas's DotGeneral executor installed for the test.
+func withMatrixKernel(t *testing.T) backends.Backend {
+	t.Helper()
 	_, fused := backendsUnderTest(t)
 	if !blas.Installed() {
 		require.NoError(t, blas.Install(0))
 		t.Cleanup(blas.Uninstall)
 	}
+	return fused
+}
+
+// TestProductsThroughTransposes runs attention and its gradients with and without the rewrite, on GoMLX's
+// own product gradients and on gemmgrad's: the same bits, and the rewrite ran.
+func TestProductsThroughTransposes(t *testing.T) {
+	fused := withMatrixKernel(t)
 	rng := rand.New(rand.NewPCG(21, 22))
 	for _, gradients := range []string{"gomlx", "gemmgrad"} {
 		for _, dims := range [][4]int{{2, 5, 3, 4}, {4, 64, 4, 32}} {
@@ -77,11 +85,7 @@ func TestProductsThroughTransposes(t *testing.T) {
 // TestTwoProductsReadOneTranspose: a Transpose read by two DotGenerals whose results need no Transpose
 // (both rewritten in place) stops running once the first is rewritten as well as the second.
 func TestTwoProductsReadOneTranspose(t *testing.T) {
-	_, fused := backendsUnderTest(t)
-	if !blas.Installed() {
-		require.NoError(t, blas.Install(0))
-		t.Cleanup(blas.Uninstall)
-	}
+	fused := withMatrixKernel(t)
 	rng := rand.New(rand.NewPCG(25, 26))
 	shape := f32(3, 8, 2, 4)
 	args := []*tensors.Tensor{computetest.RandomTensor(rng, shape), computetest.RandomTensor(rng, shape),

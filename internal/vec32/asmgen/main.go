@@ -460,16 +460,7 @@ var (
 // reported in the return value (any bit set), for the Go side to compute exactly.
 func (g *gen) exp() {
 	a := args{pointers: []string{"dst", "a"}, regs: []string{"DX", "SI"}, ret: true}
-	cLog2e, cMagic := g.f("log2e", log2e), g.f("roundMagic", roundMagic)
-	cHi, cLo := g.f("ln2Hi", ln2Hi), g.f("ln2Lo", ln2Lo)
-	var cP []string
-	for i, v := range expP {
-		cP = append(cP, g.f(fmt.Sprintf("expP%d", i), v))
-	}
-	cOne := g.f("one", 1)
-	cBias := g.c("int127", 127)
-	cSub, cZero, cOver := g.f("expSubnormal", expSubnormal), g.f("expZero", expZero), g.f("expOverflow", expOverflow)
-	cInf := g.c("inf", 0x7f800000)
+	c := g.expConstants()
 	g.kernel("expV", a, 2, func() {
 		g.p("\tXORQ R9, R9")
 		g.p("\tVXORPS Y14, Y14, Y14")
@@ -478,82 +469,133 @@ func (g *gen) exp() {
 		x, n, rr, t, p, ki, h := r(0), r(1), r(2), r(3), r(4), r(5), r(6)
 		gpr := []string{"AX", "BX"}[k]
 		g.p("\tVMOVUPS %s, %s", mem("SI", off), x)
-		g.p("\tVMULPS %s, %s, %s", cLog2e, x, n) // n = x·log2e
-		g.p("\tVADDPS %s, %s, %s", cMagic, n, n) // rounded to an integer
-		g.p("\tVSUBPS %s, %s, %s", cMagic, n, n)
-		g.p("\tVMULPS %s, %s, %s", cHi, n, t) // r = x − n·ln2Hi − n·ln2Lo
-		g.p("\tVSUBPS %s, %s, %s", t, x, rr)
-		g.p("\tVMULPS %s, %s, %s", cLo, n, t)
-		g.p("\tVSUBPS %s, %s, %s", t, rr, rr)
-		g.p("\tVMOVUPS %s, %s", cP[0], p) // p = P0, then p·r + Pi
-		for _, c := range cP[1:] {
-			g.p("\tVMULPS %s, %s, %s", rr, p, p)
-			g.p("\tVADDPS %s, %s, %s", c, p, p)
-		}
-		g.p("\tVMULPS %s, %s, %s", rr, p, p) // p·r·r + r + 1
-		g.p("\tVMULPS %s, %s, %s", rr, p, p)
-		g.p("\tVADDPS %s, %s, %s", rr, p, p)
-		g.p("\tVADDPS %s, %s, %s", cOne, p, p)
-		g.p("\tVCVTTPS2DQ %s, %s", n, ki)     // k = int32(n)
-		g.p("\tVPSRAD $1, %s, %s", ki, h)     // half = k >> 1
-		g.p("\tVPSUBD %s, %s, %s", h, ki, ki) // k − half
-		g.p("\tVPADDD %s, %s, %s", cBias, h, h)
-		g.p("\tVPSLLD $23, %s, %s", h, h)
-		g.p("\tVPADDD %s, %s, %s", cBias, ki, ki)
-		g.p("\tVPSLLD $23, %s, %s", ki, ki)
-		g.p("\tVMULPS %s, %s, %s", h, p, p)
-		g.p("\tVMULPS %s, %s, %s", ki, p, p)
+		g.expFastPath(ymmConsts, c, x, n, rr, t, p, ki, h)
 		// Outside the fast path.
 		below, zero := n, t
-		g.p("\tVCMPPS $0x11, %s, %s, %s", cSub, x, below)  // x < expSubnormal
-		g.p("\tVCMPPS $0x11, %s, %s, %s", cZero, x, zero)  // x < expZero
+		g.p("\tVCMPPS $0x11, %s, %s, %s", c.sub, x, below) // x < expSubnormal
+		g.p("\tVCMPPS $0x11, %s, %s, %s", c.zero, x, zero) // x < expZero
 		g.p("\tVBLENDVPS %s, Y14, %s, %s", zero, x, ki)    // zero ? 0 : x
 		g.p("\tVBLENDVPS %s, %s, %s, %s", below, ki, p, p) // below ? that : e^x
 		g.p("\tVANDNPS %s, %s, %s", below, zero, h)        // below and not zero: subnormal
 		g.p("\tVMOVMSKPS %s, %s", h, gpr)
 		g.p("\tORQ %s, R9", gpr)
-		g.p("\tVCMPPS $0x1e, %s, %s, %s", cOver, x, below) // x > expOverflow
-		g.p("\tVBLENDVPS %s, %s, %s, %s", below, cInf, p, p)
+		g.p("\tVCMPPS $0x1e, %s, %s, %s", c.over, x, below) // x > expOverflow
+		g.p("\tVBLENDVPS %s, %s, %s, %s", below, c.inf, p, p)
 		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, below) // NaN
 		g.p("\tVBLENDVPS %s, %s, %s, %s", below, x, p, p)
 		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
 	}, func() { g.p("\tMOVQ R9, subnormal+24(FP)") })
 }
 
+// constantForm is how a vector width spells an operation on a constant: AVX2 reads the constant's 32-byte
+// row as it is, AVX-512 broadcasts its first lane.
+type constantForm struct {
+	bcst string // suffix of an arithmetic instruction whose memory operand is a constant
+	load string // the instruction that loads a constant into a register
+}
+
+var (
+	ymmConsts = constantForm{bcst: "", load: "VMOVUPS"}
+	zmmConsts = constantForm{bcst: ".BCST", load: "VBROADCASTSS"}
+)
+
+// expConsts are exp's constants, as memory operands.
+type expConsts struct {
+	log2e, magic, hi, lo, one, bias, sub, zero, over, inf string
+	p                                                     []string
+}
+
+func (g *gen) expConstants() expConsts {
+	c := expConsts{log2e: g.f("log2e", log2e), magic: g.f("roundMagic", roundMagic), hi: g.f("ln2Hi", ln2Hi),
+		lo: g.f("ln2Lo", ln2Lo)}
+	for i, v := range expP {
+		c.p = append(c.p, g.f(fmt.Sprintf("expP%d", i), v))
+	}
+	c.one, c.bias = g.f("one", 1), g.c("int127", 127)
+	c.sub, c.zero, c.over = g.f("expSubnormal", expSubnormal), g.f("expZero", expZero), g.f("expOverflow", expOverflow)
+	c.inf = g.c("inf", 0x7f800000)
+	return c
+}
+
+// expFastPath writes e^x into p for x in range, at either width; n, rr, t, ki and h are scratch (n keeps
+// round(x·log2 e)).
+func (g *gen) expFastPath(w constantForm, c expConsts, x, n, rr, t, p, ki, h string) {
+	g.p("\tVMULPS%s %s, %s, %s", w.bcst, c.log2e, x, n) // n = x·log2e
+	g.p("\tVADDPS%s %s, %s, %s", w.bcst, c.magic, n, n) // rounded to an integer
+	g.p("\tVSUBPS%s %s, %s, %s", w.bcst, c.magic, n, n)
+	g.p("\tVMULPS%s %s, %s, %s", w.bcst, c.hi, n, t) // r = x − n·ln2Hi − n·ln2Lo
+	g.p("\tVSUBPS %s, %s, %s", t, x, rr)
+	g.p("\tVMULPS%s %s, %s, %s", w.bcst, c.lo, n, t)
+	g.p("\tVSUBPS %s, %s, %s", t, rr, rr)
+	g.p("\t%s %s, %s", w.load, c.p[0], p) // p = P0, then p·r + Pi
+	for _, pi := range c.p[1:] {
+		g.p("\tVMULPS %s, %s, %s", rr, p, p)
+		g.p("\tVADDPS%s %s, %s, %s", w.bcst, pi, p, p)
+	}
+	g.p("\tVMULPS %s, %s, %s", rr, p, p) // p·r·r + r + 1
+	g.p("\tVMULPS %s, %s, %s", rr, p, p)
+	g.p("\tVADDPS %s, %s, %s", rr, p, p)
+	g.p("\tVADDPS%s %s, %s, %s", w.bcst, c.one, p, p)
+	g.p("\tVCVTTPS2DQ %s, %s", n, ki)     // k = int32(n)
+	g.p("\tVPSRAD $1, %s, %s", ki, h)     // half = k >> 1
+	g.p("\tVPSUBD %s, %s, %s", h, ki, ki) // k − half
+	g.p("\tVPADDD%s %s, %s, %s", w.bcst, c.bias, h, h)
+	g.p("\tVPSLLD $23, %s, %s", h, h)
+	g.p("\tVPADDD%s %s, %s, %s", w.bcst, c.bias, ki, ki)
+	g.p("\tVPSLLD $23, %s, %s", ki, ki)
+	g.p("\tVMULPS %s, %s, %s", h, p, p)
+	g.p("\tVMULPS %s, %s, %s", ki, p, p)
+}
+
 // erf: x·P(x²)/Q(x²) with x clamped to [−4, 4]; NaN gives NaN.
 func (g *gen) erf() {
 	a := args{pointers: []string{"dst", "a"}, regs: []string{"DX", "SI"}}
-	cLow, cHigh := g.f("minusErfClamp", -erfClamp), g.f("erfClamp", erfClamp)
-	var cP, cQ []string
-	for i, v := range erfP {
-		cP = append(cP, g.f(fmt.Sprintf("erfP%d", i), v))
-	}
-	for i, v := range erfQ {
-		cQ = append(cQ, g.f(fmt.Sprintf("erfQ%d", i), v))
-	}
+	c := g.erfConstants()
 	g.kernel("erfV", a, 2, nil, func(k, off int) {
 		r := func(i int) string { return y(6*k + i) }
-		x, c, x2, p, q, nan := r(0), r(1), r(2), r(3), r(4), r(5)
+		x, clamped, x2, p, q, nan := r(0), r(1), r(2), r(3), r(4), r(5)
 		g.p("\tVMOVUPS %s, %s", mem("SI", off), x)
-		g.p("\tVMAXPS %s, %s, %s", cLow, x, c)
-		g.p("\tVMINPS %s, %s, %s", cHigh, c, c)
-		g.p("\tVMULPS %s, %s, %s", c, c, x2) // x²
-		g.p("\tVMOVUPS %s, %s", cP[0], p)
-		g.p("\tVMOVUPS %s, %s", cQ[0], q)
-		for i := 1; i < len(cP); i++ {
-			g.p("\tVMULPS %s, %s, %s", x2, p, p)
-			g.p("\tVADDPS %s, %s, %s", cP[i], p, p)
-			if i < len(cQ) {
-				g.p("\tVMULPS %s, %s, %s", x2, q, q)
-				g.p("\tVADDPS %s, %s, %s", cQ[i], q, q)
-			}
-		}
-		g.p("\tVMULPS %s, %s, %s", p, c, p) // x·p / q
-		g.p("\tVDIVPS %s, %s, %s", q, p, p)
+		g.erfValue(ymmConsts, c, x, clamped, x2, p, q)
 		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, nan) // NaN
 		g.p("\tVBLENDVPS %s, %s, %s, %s", nan, x, p, p)
 		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
 	}, nil)
+}
+
+// erfConsts are erf's constants, as memory operands.
+type erfConsts struct {
+	low, high string
+	p, q      []string
+}
+
+func (g *gen) erfConstants() erfConsts {
+	c := erfConsts{low: g.f("minusErfClamp", -erfClamp), high: g.f("erfClamp", erfClamp)}
+	for i, v := range erfP {
+		c.p = append(c.p, g.f(fmt.Sprintf("erfP%d", i), v))
+	}
+	for i, v := range erfQ {
+		c.q = append(c.q, g.f(fmt.Sprintf("erfQ%d", i), v))
+	}
+	return c
+}
+
+// erfValue writes x·P(x²)/Q(x²), x clamped (into clamped), into p at either width; x2 and q are scratch.
+func (g *gen) erfValue(w constantForm, c erfConsts, x, clamped, x2, p, q string) {
+	g.p("\tVMAXPS%s %s, %s, %s", w.bcst, c.low, x, clamped)
+	g.p("\tVMINPS%s %s, %s, %s", w.bcst, c.high, clamped, clamped)
+	g.p("\tVMULPS %s, %s, %s", clamped, clamped, x2) // x²
+	g.p("\t%s %s, %s", w.load, c.p[0], p)
+	g.p("\t%s %s, %s", w.load, c.q[0], q)
+	for i := 1; i < len(c.p); i++ {
+		g.p("\tVMULPS %s, %s, %s", x2, p, p)
+		g.p("\tVADDPS%s %s, %s, %s", w.bcst, c.p[i], p, p)
+		if i < len(c.q) {
+			g.p("\tVMULPS %s, %s, %s", x2, q, q)
+			g.p("\tVADDPS%s %s, %s, %s", w.bcst, c.q[i], q, q)
+		}
+	}
+	g.p("\tVMULPS %s, %s, %s", p, clamped, p) // x·p / q
+	g.p("\tVDIVPS %s, %s, %s", q, p, p)
 }
 
 // wideKernel writes an AVX-512 kernel over n elements, n a multiple of 16 (the Go side runs a last group of
@@ -607,16 +649,7 @@ func z(i int) string { return fmt.Sprintf("Z%d", i) }
 // moves. The lanes left for the Go side set bits of the return value as in expV.
 func (g *gen) expWide() {
 	a := args{pointers: []string{"dst", "a"}, regs: []string{"DX", "SI"}, ret: true}
-	cLog2e, cMagic := g.f("log2e", log2e), g.f("roundMagic", roundMagic)
-	cHi, cLo := g.f("ln2Hi", ln2Hi), g.f("ln2Lo", ln2Lo)
-	var cP []string
-	for i, v := range expP {
-		cP = append(cP, g.f(fmt.Sprintf("expP%d", i), v))
-	}
-	cOne := g.f("one", 1)
-	cBias := g.c("int127", 127)
-	cSub, cZero, cOver := g.f("expSubnormal", expSubnormal), g.f("expZero", expZero), g.f("expOverflow", expOverflow)
-	cInf := g.c("inf", 0x7f800000)
+	c := g.expConstants()
 	g.wideKernel("expV512", a, 2, func() { g.p("\tXORQ R9, R9") }, func(k, off int) {
 		r := func(i int) string { return z(7*k + i) }
 		x, n, rr, t, p, ki, h := r(0), r(1), r(2), r(3), r(4), r(5), r(6)
@@ -624,42 +657,18 @@ func (g *gen) expWide() {
 		below, zero, other := fmt.Sprintf("K%d", 1+3*k), fmt.Sprintf("K%d", 2+3*k), fmt.Sprintf("K%d", 3+3*k)
 		gpr := []string{"AX", "BX"}[k]
 		g.p("\tVMOVUPS %s, %s", mem("SI", off), x)
-		g.p("\tVMULPS.BCST %s, %s, %s", cLog2e, x, n)
-		g.p("\tVADDPS.BCST %s, %s, %s", cMagic, n, n)
-		g.p("\tVSUBPS.BCST %s, %s, %s", cMagic, n, n)
-		g.p("\tVMULPS.BCST %s, %s, %s", cHi, n, t)
-		g.p("\tVSUBPS %s, %s, %s", t, x, rr)
-		g.p("\tVMULPS.BCST %s, %s, %s", cLo, n, t)
-		g.p("\tVSUBPS %s, %s, %s", t, rr, rr)
-		g.p("\tVBROADCASTSS %s, %s", cP[0], p)
-		for _, c := range cP[1:] {
-			g.p("\tVMULPS %s, %s, %s", rr, p, p)
-			g.p("\tVADDPS.BCST %s, %s, %s", c, p, p)
-		}
-		g.p("\tVMULPS %s, %s, %s", rr, p, p)
-		g.p("\tVMULPS %s, %s, %s", rr, p, p)
-		g.p("\tVADDPS %s, %s, %s", rr, p, p)
-		g.p("\tVADDPS.BCST %s, %s, %s", cOne, p, p)
-		g.p("\tVCVTTPS2DQ %s, %s", n, ki)
-		g.p("\tVPSRAD $1, %s, %s", ki, h)
-		g.p("\tVPSUBD %s, %s, %s", h, ki, ki)
-		g.p("\tVPADDD.BCST %s, %s, %s", cBias, h, h)
-		g.p("\tVPSLLD $23, %s, %s", h, h)
-		g.p("\tVPADDD.BCST %s, %s, %s", cBias, ki, ki)
-		g.p("\tVPSLLD $23, %s, %s", ki, ki)
-		g.p("\tVMULPS %s, %s, %s", h, p, p)
-		g.p("\tVMULPS %s, %s, %s", ki, p, p)
+		g.expFastPath(zmmConsts, c, x, n, rr, t, p, ki, h)
 		// Outside the fast path, in expV's order.
-		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cSub, x, below) // x < expSubnormal
-		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", cZero, x, zero) // x < expZero
-		g.p("\tKNOTW %s, %s", zero, other)                     // not zero
-		g.p("\tVMOVAPS.Z %s, %s, %s", x, other, ki)            // zero ? 0 : x
-		g.p("\tVMOVAPS %s, %s, %s", ki, below, p)              // below ? that : e^x
-		g.p("\tKANDNW %s, %s, %s", below, zero, other)         // below and not zero: subnormal
+		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", c.sub, x, below) // x < expSubnormal
+		g.p("\tVCMPPS.BCST $0x11, %s, %s, %s", c.zero, x, zero) // x < expZero
+		g.p("\tKNOTW %s, %s", zero, other)                      // not zero
+		g.p("\tVMOVAPS.Z %s, %s, %s", x, other, ki)             // zero ? 0 : x
+		g.p("\tVMOVAPS %s, %s, %s", ki, below, p)               // below ? that : e^x
+		g.p("\tKANDNW %s, %s, %s", below, zero, other)          // below and not zero: subnormal
 		g.p("\tKMOVW %s, %s", other, gpr)
 		g.p("\tORQ %s, R9", gpr)
-		g.p("\tVCMPPS.BCST $0x1e, %s, %s, %s", cOver, x, below) // x > expOverflow
-		g.p("\tVBROADCASTSS %s, %s, %s", cInf, below, p)
+		g.p("\tVCMPPS.BCST $0x1e, %s, %s, %s", c.over, x, below) // x > expOverflow
+		g.p("\tVBROADCASTSS %s, %s, %s", c.inf, below, p)
 		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, below) // NaN
 		g.p("\tVMOVAPS %s, %s, %s", x, below, p)
 		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
@@ -669,34 +678,13 @@ func (g *gen) expWide() {
 // erfWide is erf on sixteen lanes (erfV512).
 func (g *gen) erfWide() {
 	a := args{pointers: []string{"dst", "a"}, regs: []string{"DX", "SI"}}
-	cLow, cHigh := g.f("minusErfClamp", -erfClamp), g.f("erfClamp", erfClamp)
-	var cP, cQ []string
-	for i, v := range erfP {
-		cP = append(cP, g.f(fmt.Sprintf("erfP%d", i), v))
-	}
-	for i, v := range erfQ {
-		cQ = append(cQ, g.f(fmt.Sprintf("erfQ%d", i), v))
-	}
+	c := g.erfConstants()
 	g.wideKernel("erfV512", a, 4, nil, func(k, off int) {
 		r := func(i int) string { return z(6*k + i) }
-		x, c, x2, p, q := r(0), r(1), r(2), r(3), r(4)
+		x, clamped, x2, p, q := r(0), r(1), r(2), r(3), r(4)
 		nan := fmt.Sprintf("K%d", 1+k)
 		g.p("\tVMOVUPS %s, %s", mem("SI", off), x)
-		g.p("\tVMAXPS.BCST %s, %s, %s", cLow, x, c)
-		g.p("\tVMINPS.BCST %s, %s, %s", cHigh, c, c)
-		g.p("\tVMULPS %s, %s, %s", c, c, x2)
-		g.p("\tVBROADCASTSS %s, %s", cP[0], p)
-		g.p("\tVBROADCASTSS %s, %s", cQ[0], q)
-		for i := 1; i < len(cP); i++ {
-			g.p("\tVMULPS %s, %s, %s", x2, p, p)
-			g.p("\tVADDPS.BCST %s, %s, %s", cP[i], p, p)
-			if i < len(cQ) {
-				g.p("\tVMULPS %s, %s, %s", x2, q, q)
-				g.p("\tVADDPS.BCST %s, %s, %s", cQ[i], q, q)
-			}
-		}
-		g.p("\tVMULPS %s, %s, %s", p, c, p)
-		g.p("\tVDIVPS %s, %s, %s", q, p, p)
+		g.erfValue(zmmConsts, c, x, clamped, x2, p, q)
 		g.p("\tVCMPPS $0x03, %s, %s, %s", x, x, nan)
 		g.p("\tVMOVAPS %s, %s, %s", x, nan, p)
 		g.p("\tVMOVUPS %s, %s", p, mem("DX", off))
