@@ -42,12 +42,15 @@ func transposeFlag(trans bool) gonumblas.Transpose {
 // sgemmBatched computes the float32 gemms g describes: on gemmtile's kernel where it runs, else one gonum
 // Sgemm per batch item.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
-	if gemmtile.Accelerated() {
+	if onTiles(g) {
 		tileGemmBatched(g, a, b, c)
 		return
 	}
 	gemmBatched(g, a, b, c, gonum.Implementation{}.Sgemm)
 }
+
+// onTiles reports whether sgemmBatched runs g on the tiles (else on gonum).
+func onTiles(gemmShape) bool { return gemmtile.Accelerated() }
 
 // dgemmBatched computes the float64 gemms g describes, one gonum Dgemm per batch item.
 func dgemmBatched(g gemmShape, a, b, c []float64) {

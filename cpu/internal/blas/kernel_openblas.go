@@ -164,12 +164,15 @@ func cbool(b bool) C.int {
 // slices' memory holds no Go pointers, so passing it to C for the duration of the call follows the cgo
 // pointer rules.
 func sgemmBatched(g gemmShape, a, b, c []float32) {
-	if float32OnTiles || tilesBeatOpenBLAS(g) {
+	if onTiles(g) {
 		tileGemmBatched(g, a, b, c)
 		return
 	}
 	sgemmBatchedOpenBLAS(g, a, b, c)
 }
+
+// onTiles reports whether sgemmBatched runs g on the tiles (else on OpenBLAS).
+func onTiles(g gemmShape) bool { return float32OnTiles || tilesBeatOpenBLAS(g) }
 
 // sgemmBatchedOpenBLAS is sgemmBatched on OpenBLAS whatever the processor.
 func sgemmBatchedOpenBLAS(g gemmShape, a, b, c []float32) {

@@ -136,3 +136,6 @@ func float64s(values []float32) []float64 {
 	}
 	return wide
 }
+
+// tilesBesideOpenBLAS reports whether some float32 products run on the tiles and others on OpenBLAS.
+func tilesBesideOpenBLAS() bool { return smallPlainOnTiles && !float32OnTiles }

@@ -9,3 +9,6 @@ func float32Kernels(t *testing.T, test func(t *testing.T)) { test(t) }
 
 // forceFloat32Tiles does nothing: without OpenBLAS there is no other float32 kernel to choose.
 func forceFloat32Tiles(bool) (restore func()) { return func() {} }
+
+// tilesBesideOpenBLAS is false: without OpenBLAS there is one float32 kernel.
+func tilesBesideOpenBLAS() bool { return false }

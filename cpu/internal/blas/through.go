@@ -75,7 +75,10 @@ func PlanProduct(dot *simplego.Node, lhs, rhs Operand, output []int) (product *P
 	mapped.lhsBatchAxes, mapped.lhsContractingAxes = through(lhs.Permutation, params.lhsBatchAxes), through(lhs.Permutation, params.lhsContractingAxes)
 	mapped.rhsBatchAxes, mapped.rhsContractingAxes = through(rhs.Permutation, params.rhsBatchAxes), through(rhs.Permutation, params.rhsContractingAxes)
 	if !keepsOrder(lhs.Permutation, lhsCross) || !keepsOrder(rhs.Permutation, rhsCross) ||
-		!keepsOrder(lhs.Permutation, params.lhsContractingAxes) || !keepsOrder(rhs.Permutation, params.rhsContractingAxes) {
+		!keepsOrder(lhs.Permutation, params.lhsContractingAxes) || !keepsOrder(rhs.Permutation, params.rhsContractingAxes) ||
+		!slices.Equal(sortedOrder(params.lhsContractingAxes), sortedOrder(params.rhsContractingAxes)) {
+		// (When the two operands order their contracting axes differently, planGemm picks one order by
+		// what each layout would copy, which may not be the order it picks for the Transposes' results.)
 		return nil, false
 	}
 	plan, ok := planGemm(lhs.Dims, rhs.Dims, &mapped, false)
@@ -97,7 +100,7 @@ func PlanProduct(dot *simplego.Node, lhs, rhs Operand, output []int) (product *P
 	product = &Product{plan: plan, shape: shapes.Make(dotShape.DType, resultDims...)}
 	if output == nil {
 		product.shape = dotShape // what the DotGeneral node itself holds: [batch, lhs cross, rhs cross] flat
-		return product, true
+		return product.sameKernel(lhsDims, rhsDims, params)
 	}
 	if len(output) != len(resultDims) || !isPermutation(output) {
 		return nil, false
@@ -129,7 +132,18 @@ func PlanProduct(dot *simplego.Node, lhs, rhs Operand, output []int) (product *P
 	}
 	product.plan = plan
 	product.shape = shapes.Make(dotShape.DType, outDims...)
-	return product, true
+	return product.sameKernel(lhsDims, rhsDims, params)
+}
+
+// sameKernel returns the product, and true, when its gemm runs on the kernel the DotGeneral would run on
+// with its operands copied out of the Transposes: the tiles and OpenBLAS round differently, and reading in
+// place may change the transpose flags by which the kernel is chosen.
+func (p *Product) sameKernel(lhsDims, rhsDims []int, params *dotGeneralParams) (*Product, bool) {
+	copied, ok := planGemm(lhsDims, rhsDims, params, true)
+	if !ok || (p.shape.DType == dtypes.Float32 && onTiles(copied.gemm) != onTiles(p.plan.gemm)) {
+		return nil, false
+	}
+	return p, true
 }
 
 // Shape is the result's shape, in the layout its consumer reads.
