@@ -22,6 +22,15 @@ var wide = accelerated && cpu.X86.HasAVX512F
 
 const wideFrom = 256
 
+// wideRun is how much of a run of n elements (a multiple of 8) the AVX-512 kernels take: a multiple of 16,
+// the AVX2 kernels running the last group of eight; none where they do not run.
+func wideRun(n int) int {
+	if wide && n >= wideFrom {
+		return n &^ 15
+	}
+	return 0
+}
+
 // The assembly kernels (vec32_amd64.s) each process n elements, n a multiple of 8.
 type (
 	vvKernel     func(dst, a, b *float32, n int)
@@ -79,9 +88,10 @@ func unaryAccel(u Unary, dst, a []float32) int {
 		return n
 	}
 	w := 0
-	if u == Erf && wide && n >= wideFrom {
-		w = n &^ 15
-		erfV512(unsafe.SliceData(dst), unsafe.SliceData(a), w)
+	if u == Erf {
+		if w = wideRun(n); w > 0 {
+			erfV512(unsafe.SliceData(dst), unsafe.SliceData(a), w)
+		}
 	}
 	if w < n {
 		unaryKernels[u](&dst[w], &a[w], n-w)
@@ -93,10 +103,7 @@ func unaryAccel(u Unary, dst, a []float32) int {
 // [expZero, expSubnormal)): it leaves x itself there, a negative value no result of exp can be, and reports
 // that it met one. Those lanes are then computed exactly from the x left in dst, which also works in place.
 func expAccel(dst, a []float32) {
-	n, w := len(dst), 0
-	if wide && len(dst) >= wideFrom {
-		w = n &^ 15
-	}
+	n, w := len(dst), wideRun(len(dst))
 	subnormal := 0
 	if w > 0 {
 		subnormal = expV512(unsafe.SliceData(dst), unsafe.SliceData(a), w)
