@@ -74,3 +74,35 @@ func BenchmarkConvolveResNet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKernelGradientCNN times the kernel gradients of the demo CNN's two convolutions (batch 64, 3×3,
+// same padding): the dual plans, whose contraction runs over the batch and the image.
+func BenchmarkKernelGradientCNN(b *testing.B) {
+	if !canRunDirect(&convPlan{}) {
+		b.Skip("no direct kernel on this processor")
+	}
+	axes := backends.ConvolveAxesConfig{InputChannels: 0, InputSpatial: []int{1, 2}, InputBatch: 3,
+		KernelInputChannels: 0, KernelSpatial: []int{1, 2}, KernelOutputChannels: 3,
+		OutputSpatial: []int{0, 1}, OutputBatch: 2, OutputChannels: 3}
+	for _, c := range []struct{ side, in, out int }{{28, 1, 16}, {14, 16, 32}} {
+		input, kernel := shapes.Make(dtypes.Float32, 64, c.side, c.side, c.in), shapes.Make(dtypes.Float32, 64, c.side, c.side, c.out)
+		plan, ok, err := newConvPlan(input, kernel, &convParams{axes: axes, paddings: [][2]int{{1, 1}, {1, 1}}})
+		if !ok || err != nil || !plan.dual {
+			b.Fatal(ok, err)
+		}
+		x, dy, dw := make([]float32, input.Size()), make([]float32, kernel.Size()), make([]float32, product(plan.outputDims))
+		rng := rand.New(rand.NewPCG(1, 1))
+		for i := range x {
+			x[i] = rng.Float32()
+		}
+		for i := range dy {
+			dy[i] = rng.Float32()
+		}
+		b.Run(fmt.Sprintf("%dx%dx%d→%d", c.side, c.side, c.in, c.out), func(b *testing.B) {
+			for b.Loop() {
+				convolve(plan, x, dy, dw, &scratch32, true)
+			}
+			b.ReportMetric(2*float64(len(dw))*float64(plan.patchLength())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

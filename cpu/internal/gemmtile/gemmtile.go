@@ -26,8 +26,9 @@ import (
 const Rows = 6
 
 // Tile computes a tile of C: c[i·ldc + j] for i < Rows and j < width (64, 32, 16 or 8; 64 and 32 run in Go
-// without AVX-512), as the sum over k < len(offsets) of rows[i][offsets[k]] · b[k·ldb + j], added to what c
-// holds when accumulate is set, else written over it.
+// without AVX-512), as the sum over k < len(offsets) of rows[i][offsets[k]] · b[k·ldb + j], written over c.
+// When accumulate is set the sum starts from what c holds (each term added to it in turn, not their sum
+// added at the end): a sum computed in runs of k, each run resuming from the last, is bitwise the whole one.
 //
 // The caller guarantees that every rows[i][offsets[k]] and b[k·ldb + j] lies inside the memory the pointers
 // and slices refer to: the kernel does not check.
@@ -78,14 +79,13 @@ func tileGo(c []float32, ldc int, rows *[Rows]*float32, offsets []int32, b []flo
 	for i, row := range rows {
 		for j := range width {
 			var sum float32
+			if accumulate {
+				sum = c[i*ldc+j]
+			}
 			for k, off := range offsets {
 				sum += float32(at(row, off) * b[k*ldb+j])
 			}
-			if accumulate {
-				c[i*ldc+j] += sum
-			} else {
-				c[i*ldc+j] = sum
-			}
+			c[i*ldc+j] = sum
 		}
 	}
 }

@@ -106,6 +106,55 @@ func TestWideTilesMatchNarrow(t *testing.T) {
 	}
 }
 
+// TestRunsAreTheWholeSum: a long contraction computed in runs of k (each tile resuming from what it stored)
+// gives bitwise what one run gives, on full tiles, a short last tile and every tile width, on one thread and
+// split among several; with columns past the last block of 8 there is one run.
+func TestRunsAreTheWholeSum(t *testing.T) {
+	saved := wide
+	t.Cleanup(func() { wide = saved })
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, size := range [][3]int{{13, 32, 1000}, {20, 16, 3000}, {9, 64, 777}, {30, 96, 400}, {14, 20, 2000}} {
+		for _, transA := range []bool{false, true} {
+			for _, useWide := range []bool{false, true} {
+				if useWide && !saved {
+					continue
+				}
+				wide = useWide
+				m, n, k := size[0], size[1], size[2]
+				name := fmt.Sprintf("%d×%d×%d transA=%v wide=%v", m, n, k, transA, useWide)
+				a, b := make([]float32, m*k), make([]float32, k*n)
+				for i := range a {
+					a[i] = rng.Float32()*2 - 1
+				}
+				for i := range b {
+					b[i] = rng.Float32()*2 - 1
+				}
+				p := Product{A: a, B: b, LDB: n, N: n, LDC: n}
+				for i := range m {
+					p.RowStarts = append(p.RowStarts, pick(transA, i, i*k))
+				}
+				for kk := range k {
+					p.Offsets = append(p.Offsets, int32(pick(transA, kk*m, kk)))
+				}
+				if n%8 != 0 {
+					require.Equal(t, k, p.kRun(), "%s: columns past the last block of 8 take one run", name)
+				} else {
+					require.Less(t, p.kRun(), k, "%s: B is large enough to be summed in runs", name)
+				}
+				tiles := (m + Rows - 1) / Rows
+				p.C = make([]float32, m*n)
+				p.tiles(0, tiles, k)
+				whole := p.C
+				for _, threads := range []int{1, 3} {
+					p.C = make([]float32, m*n)
+					p.run(threads, true)
+					require.Equal(t, whole, p.C, "%s threads=%d", name, threads)
+				}
+			}
+		}
+	}
+}
+
 // TestProductRefusesOutOfBounds: a row start past A is a panic, not a stray read.
 func TestProductRefusesOutOfBounds(t *testing.T) {
 	p := Product{A: make([]float32, 10), RowStarts: []int{0, 8}, Offsets: []int32{0, 1, 2}, B: make([]float32, 3*8),

@@ -11,19 +11,10 @@
 
 // func tile6x16(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)
 TEXT ·tile6x16(SB), NOSPLIT, $0-64
-	MOVQ rows+16(FP), AX
-	MOVQ 0(AX), R8
-	MOVQ 8(AX), R9
-	MOVQ 16(AX), R10
-	MOVQ 24(AX), R11
-	MOVQ 32(AX), R12
-	MOVQ 40(AX), R13
-	MOVQ offsets+24(FP), BX
-	MOVQ k+32(FP), CX
-	MOVQ b+40(FP), SI
-	MOVQ ldb+48(FP), DI
-	SHLQ $2, DI
 	MOVQ c+0(FP), DX
+	MOVQ accumulate+56(FP), AX
+	TESTQ AX, AX
+	JNZ load16
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -36,6 +27,41 @@ TEXT ·tile6x16(SB), NOSPLIT, $0-64
 	VXORPS Y9, Y9, Y9
 	VXORPS Y10, Y10, Y10
 	VXORPS Y11, Y11, Y11
+	JMP start16
+load16:
+	MOVQ ldc+8(FP), AX
+	SHLQ $2, AX
+	MOVQ DX, BX
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	ADDQ AX, BX
+	VMOVUPS (BX), Y2
+	VMOVUPS 32(BX), Y3
+	ADDQ AX, BX
+	VMOVUPS (BX), Y4
+	VMOVUPS 32(BX), Y5
+	ADDQ AX, BX
+	VMOVUPS (BX), Y6
+	VMOVUPS 32(BX), Y7
+	ADDQ AX, BX
+	VMOVUPS (BX), Y8
+	VMOVUPS 32(BX), Y9
+	ADDQ AX, BX
+	VMOVUPS (BX), Y10
+	VMOVUPS 32(BX), Y11
+start16:
+	MOVQ rows+16(FP), AX
+	MOVQ 0(AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ 32(AX), R12
+	MOVQ 40(AX), R13
+	MOVQ offsets+24(FP), BX
+	MOVQ k+32(FP), CX
+	MOVQ b+40(FP), SI
+	MOVQ ldb+48(FP), DI
+	SHLQ $2, DI
 	TESTQ CX, CX
 	JZ store16
 loop16:
@@ -67,42 +93,6 @@ loop16:
 store16:
 	MOVQ ldc+8(FP), R8
 	SHLQ $2, R8
-	MOVQ accumulate+56(FP), AX
-	TESTQ AX, AX
-	JZ write16
-	VADDPS (DX), Y0, Y0
-	VADDPS 32(DX), Y1, Y1
-	VMOVUPS Y0, (DX)
-	VMOVUPS Y1, 32(DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y2, Y2
-	VADDPS 32(DX), Y3, Y3
-	VMOVUPS Y2, (DX)
-	VMOVUPS Y3, 32(DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y4, Y4
-	VADDPS 32(DX), Y5, Y5
-	VMOVUPS Y4, (DX)
-	VMOVUPS Y5, 32(DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y6, Y6
-	VADDPS 32(DX), Y7, Y7
-	VMOVUPS Y6, (DX)
-	VMOVUPS Y7, 32(DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y8, Y8
-	VADDPS 32(DX), Y9, Y9
-	VMOVUPS Y8, (DX)
-	VMOVUPS Y9, 32(DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y10, Y10
-	VADDPS 32(DX), Y11, Y11
-	VMOVUPS Y10, (DX)
-	VMOVUPS Y11, 32(DX)
-	ADDQ R8, DX
-	VZEROUPPER
-	RET
-write16:
 	VMOVUPS Y0, (DX)
 	VMOVUPS Y1, 32(DX)
 	ADDQ R8, DX
@@ -126,6 +116,33 @@ write16:
 
 // func tile6x8(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)
 TEXT ·tile6x8(SB), NOSPLIT, $0-64
+	MOVQ c+0(FP), DX
+	MOVQ accumulate+56(FP), AX
+	TESTQ AX, AX
+	JNZ load8
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	JMP start8
+load8:
+	MOVQ ldc+8(FP), AX
+	SHLQ $2, AX
+	MOVQ DX, BX
+	VMOVUPS (BX), Y0
+	ADDQ AX, BX
+	VMOVUPS (BX), Y1
+	ADDQ AX, BX
+	VMOVUPS (BX), Y2
+	ADDQ AX, BX
+	VMOVUPS (BX), Y3
+	ADDQ AX, BX
+	VMOVUPS (BX), Y4
+	ADDQ AX, BX
+	VMOVUPS (BX), Y5
+start8:
 	MOVQ rows+16(FP), AX
 	MOVQ 0(AX), R8
 	MOVQ 8(AX), R9
@@ -138,13 +155,6 @@ TEXT ·tile6x8(SB), NOSPLIT, $0-64
 	MOVQ b+40(FP), SI
 	MOVQ ldb+48(FP), DI
 	SHLQ $2, DI
-	MOVQ c+0(FP), DX
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
 	TESTQ CX, CX
 	JZ store8
 loop8:
@@ -169,30 +179,6 @@ loop8:
 store8:
 	MOVQ ldc+8(FP), R8
 	SHLQ $2, R8
-	MOVQ accumulate+56(FP), AX
-	TESTQ AX, AX
-	JZ write8
-	VADDPS (DX), Y0, Y0
-	VMOVUPS Y0, (DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y1, Y1
-	VMOVUPS Y1, (DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y2, Y2
-	VMOVUPS Y2, (DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y3, Y3
-	VMOVUPS Y3, (DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y4, Y4
-	VMOVUPS Y4, (DX)
-	ADDQ R8, DX
-	VADDPS (DX), Y5, Y5
-	VMOVUPS Y5, (DX)
-	ADDQ R8, DX
-	VZEROUPPER
-	RET
-write8:
 	VMOVUPS Y0, (DX)
 	ADDQ R8, DX
 	VMOVUPS Y1, (DX)

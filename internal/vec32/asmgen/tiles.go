@@ -83,8 +83,8 @@ var tileRows = [6]string{"R8", "R9", "R10", "R11", "R12", "R13"}
 
 // tile writes tile6x<width>: the accumulators of row i are v.r(i·per) … v.r(i·per + per − 1), per = width
 // / lanes. Each k loads offsets[k] and B's row k once (its per vectors), then for each row broadcasts the row's
-// element and adds its products with B's vectors into the row's accumulators. At the end the accumulators
-// are stored into C's rows, after adding what C holds when accumulate is set.
+// element and adds its products with B's vectors into the row's accumulators, which start from C's rows when
+// accumulate is set and from zero otherwise. At the end the accumulators are stored into C's rows.
 func (g *gen) tile(v vectorRegs, width int) {
 	per := width * 4 / v.bytes
 	name := fmt.Sprintf("tile6x%d", width)
@@ -94,6 +94,30 @@ func (g *gen) tile(v vectorRegs, width int) {
 	g.p("")
 	g.p("// func %s(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)", name)
 	g.p("TEXT ·%s(SB), NOSPLIT, $0-64", name)
+	acc := func(row, j int) string { return v.r(row*per + j) }
+	// The accumulators start from C's tile (accumulate) or from zero, so that a sum split into runs of k,
+	// each resuming from what the last one stored, gives the bits of the whole sum.
+	g.p("\tMOVQ c+0(FP), DX")
+	g.p("\tMOVQ accumulate+56(FP), AX")
+	g.p("\tTESTQ AX, AX")
+	g.p("\tJNZ load%d", width)
+	for i := range len(tileRows) * per {
+		g.p("\t%s %s, %s, %s", v.zero, v.r(i), v.r(i), v.r(i))
+	}
+	g.p("\tJMP start%d", width)
+	g.p("load%d:", width)
+	g.p("\tMOVQ ldc+8(FP), AX")
+	g.p("\tSHLQ $2, AX")
+	g.p("\tMOVQ DX, BX")
+	for row := range tileRows {
+		for j := range per {
+			g.p("\tVMOVUPS %s, %s", disp("BX", j*v.bytes), acc(row, j))
+		}
+		if row+1 < len(tileRows) {
+			g.p("\tADDQ AX, BX")
+		}
+	}
+	g.p("start%d:", width)
 	g.p("\tMOVQ rows+16(FP), AX")
 	for i, reg := range tileRows {
 		g.p("\tMOVQ %d(AX), %s", 8*i, reg)
@@ -103,11 +127,6 @@ func (g *gen) tile(v vectorRegs, width int) {
 	g.p("\tMOVQ b+40(FP), SI")
 	g.p("\tMOVQ ldb+48(FP), DI")
 	g.p("\tSHLQ $2, DI")
-	g.p("\tMOVQ c+0(FP), DX")
-	acc := func(row, j int) string { return v.r(row*per + j) }
-	for i := range len(tileRows) * per {
-		g.p("\t%s %s, %s, %s", v.zero, v.r(i), v.r(i), v.r(i))
-	}
 	g.p("\tTESTQ CX, CX")
 	g.p("\tJZ store%d", width)
 	g.p("loop%d:", width)
@@ -129,25 +148,12 @@ func (g *gen) tile(v vectorRegs, width int) {
 	g.p("store%d:", width)
 	g.p("\tMOVQ ldc+8(FP), R8") // the row pointers are done with: R8 becomes ldc·4
 	g.p("\tSHLQ $2, R8")
-	g.p("\tMOVQ accumulate+56(FP), AX")
-	g.p("\tTESTQ AX, AX")
-	g.p("\tJZ write%d", width)
-	store := func(add bool) {
-		for row := range tileRows {
-			if add {
-				for j := range per {
-					g.p("\tVADDPS %s, %s, %s", disp("DX", j*v.bytes), acc(row, j), acc(row, j))
-				}
-			}
-			for j := range per {
-				g.p("\tVMOVUPS %s, %s", acc(row, j), disp("DX", j*v.bytes))
-			}
-			g.p("\tADDQ R8, DX")
+	for row := range tileRows {
+		for j := range per {
+			g.p("\tVMOVUPS %s, %s", acc(row, j), disp("DX", j*v.bytes))
 		}
-		g.p("\tVZEROUPPER")
-		g.p("\tRET")
+		g.p("\tADDQ R8, DX")
 	}
-	store(true)
-	g.p("write%d:", width)
-	store(false)
+	g.p("\tVZEROUPPER")
+	g.p("\tRET")
 }
