@@ -135,23 +135,30 @@ func (p Product) tiles(first, end, run int) {
 	}
 }
 
-// runBytes is how much of B a run of k reads (kRun): with the elements of A the run reads, it stays in a
-// core's L1 from one row tile to the next. Measured on the kernel gradient of the demo CNN's second
-// convolution (BenchmarkKernelGradientCNN, one core): 59–61 GFLOP/s in one run, 132 with runs of 8 KiB, 139–143
-// with 16 KiB, 129–132 with 32 KiB, 124–128 with 64 KiB and more.
-const runBytes = 16 << 10
+// A product whose B takes more than splitBytes sums in runs of about runBytes of B, and at least minRun
+// terms (kRun). Below splitBytes B stays in a core's L2 (2 MiB on the machines measured) beside the rows
+// of A the tiles stream, and runs would only cost: each run of a tile loads and stores its part of C again.
+// Above it, the rows of A push B out before the next tile reads it again, and a run of B that stays in L1
+// pays. Measured (BenchmarkProduct and BenchmarkKernelGradientCNN, one core, GFLOP/s): the transformer's
+// weight gradients 113/87/60 → 151/160/157, the CNN's second kernel gradient 60 → 154, plain products
+// unchanged (170–176); runs for every B over 32 KiB, however short, halved the plain [2048,128]×[128,512]
+// (171 → 71).
+const (
+	splitBytes = 512 << 10
+	runBytes   = 16 << 10
+	minRun     = 128
+)
 
 // kRun is the length of the runs of k that tiles splits the contraction into: all of it when B's columns
-// take at most 2·runBytes (a convolution's kernel: it stays in L1 or close), when one row tile reads B
-// (nothing to reuse), or when the last columns go through scratch; else runs of about runBytes, of equal
-// length.
+// take at most splitBytes, when one row tile reads B (nothing to reuse), or when the last columns go through
+// scratch; else runs of equal length, about runBytes of B each and at least minRun terms.
 func (p Product) kRun() int {
 	k := len(p.Offsets)
-	if p.N%8 != 0 || len(p.RowStarts) <= Rows || k*p.N*4 <= 2*runBytes {
+	if p.N%8 != 0 || len(p.RowStarts) <= Rows || k*p.N*4 <= splitBytes {
 		return k
 	}
 	runs := (k*p.N*4 + runBytes - 1) / runBytes
-	return (k + runs - 1) / runs
+	return max((k+runs-1)/runs, minRun)
 }
 
 // tileWidth is the widest tile this machine computes that fits in the columns left of the whole blocks of 8

@@ -113,7 +113,7 @@ func TestRunsAreTheWholeSum(t *testing.T) {
 	saved := wide
 	t.Cleanup(func() { wide = saved })
 	rng := rand.New(rand.NewPCG(15, 16))
-	for _, size := range [][3]int{{13, 32, 1000}, {20, 16, 3000}, {9, 64, 777}, {30, 96, 400}, {14, 20, 2000}} {
+	for _, size := range [][3]int{{13, 32, 5000}, {20, 16, 9000}, {9, 64, 2100}, {30, 96, 1500}, {14, 20, 7000}} {
 		for _, transA := range []bool{false, true} {
 			for _, useWide := range []bool{false, true} {
 				if useWide && !saved {
