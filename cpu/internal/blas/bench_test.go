@@ -26,6 +26,10 @@ var benchmarkProducts = []struct {
 	{"xT·dy/784x64x128", []int{64, 784}, []int{64, 128}, []int{0}, nil, []int{0}, nil, 2 * 784 * 64 * 128},
 	{"xT·dy/784x256x512", []int{256, 784}, []int{256, 512}, []int{0}, nil, []int{0}, nil, 2 * 784 * 256 * 512},
 	{"xT·dy/512x256x512", []int{256, 512}, []int{256, 512}, []int{0}, nil, []int{0}, nil, 2 * 512 * 256 * 512},
+	// The transformer example's weight gradients: 2048 positions (batch 32 × context 64), width 128, MLP 512.
+	{"xT·dy/128x2048x128", []int{2048, 128}, []int{2048, 128}, []int{0}, nil, []int{0}, nil, 2 * 128 * 2048 * 128},
+	{"xT·dy/512x2048x128", []int{2048, 512}, []int{2048, 128}, []int{0}, nil, []int{0}, nil, 2 * 512 * 2048 * 128},
+	{"xT·dy/128x2048x512", []int{2048, 128}, []int{2048, 512}, []int{0}, nil, []int{0}, nil, 2 * 128 * 2048 * 512},
 	{"dy·WT/64x128x784", []int{64, 128}, []int{784, 128}, []int{1}, nil, []int{1}, nil, 2 * 64 * 128 * 784},
 	{"dy·WT/256x512x784", []int{256, 512}, []int{784, 512}, []int{1}, nil, []int{1}, nil, 2 * 256 * 512 * 784},
 	{"dy·WT/256x512x512", []int{256, 512}, []int{512, 512}, []int{1}, nil, []int{1}, nil, 2 * 256 * 512 * 512},

@@ -116,11 +116,17 @@ var float32OnTiles = gemmtile.Wide() && !avx512Core(openblasCore())
 // core: one item, A not transposed, at least 64 rows, and a B that fits in 512 KB, which the tiles stream
 // from the core's cache for every six rows without packing it, where OpenBLAS packs both operands on every
 // call; a B stored transposed only when it has at most 128 columns and the product at least 1024 rows, which
-// pay for copying it into order. With a larger B, A transposed, or a batch of small products OpenBLAS was as
-// fast or faster (docs/notes.md, Note [512-bit tiles beside OpenBLAS]).
+// pay for copying it into order; A transposed (a weights gradient) when B is larger than 512 KB, which the
+// tiles sum in runs that stay in L1 (gemmtile.SumsInRuns). With a larger B and A in order, a smaller one
+// and A transposed, or a batch of small products OpenBLAS was as fast or faster (docs/notes.md, Note
+// [512-bit tiles beside OpenBLAS]).
 func tilesBeatOpenBLAS(g gemmShape) bool {
-	if !smallPlainOnTiles || g.batch != 1 || g.transA {
+	if !smallPlainOnTiles || g.batch != 1 {
 		return false
+	}
+	if g.transA {
+		// A weights gradient whose B overflows L2: the tiles sum it in runs that keep B in L1.
+		return !g.transB && gemmtile.SumsInRuns(g.m, g.n, g.k)
 	}
 	if g.transB {
 		// Transposed into a scratch copy first: worth it over many rows, for a B of a few columns.

@@ -55,7 +55,8 @@ func forceFloat32Tiles(onTiles bool) (restore func()) {
 
 // TestSmallPlainProductsOnTiles: where the processor has AVX-512, one product of at least 64 rows whose B
 // holds at most 128k elements runs on the tiles, or with B transposed one of at least 1024 rows whose B has
-// at most 128 columns and 64k elements; A transposed, batches, short products and larger B stay on OpenBLAS.
+// at most 128 columns and 64k elements, or with A transposed one whose B is over 128k elements (summed in
+// runs); smaller weights gradients, batches, short products and larger B stay on OpenBLAS.
 func TestSmallPlainProductsOnTiles(t *testing.T) {
 	defer forceFloat32Tiles(false)()
 	smallPlainOnTiles = true
@@ -67,7 +68,10 @@ func TestSmallPlainProductsOnTiles(t *testing.T) {
 		{"transformer projection", gemmShape{batch: 1, m: 2048, n: 128, k: 128}, true},
 		{"feed-forward, B of 128k", gemmShape{batch: 1, m: 2048, n: 512, k: 256}, true},
 		{"B over 128k", gemmShape{batch: 1, m: 256, n: 512, k: 512}, false},
-		{"A transposed", gemmShape{batch: 1, m: 128, n: 128, k: 2048, transA: true}, false},
+		{"A transposed, B over 128k", gemmShape{batch: 1, m: 128, n: 128, k: 2048, transA: true}, true},
+		{"A transposed, B of 128k", gemmShape{batch: 1, m: 512, n: 512, k: 256, transA: true}, false},
+		{"A transposed, columns not in blocks of 8", gemmShape{batch: 1, m: 128, n: 130, k: 2048, transA: true}, false},
+		{"A and B transposed", gemmShape{batch: 1, m: 128, n: 128, k: 2048, transA: true, transB: true}, false},
 		{"B transposed, 128 columns", gemmShape{batch: 1, m: 2048, n: 128, k: 512, transB: true}, true},
 		{"B transposed, 512 columns", gemmShape{batch: 1, m: 2048, n: 512, k: 128, transB: true}, false},
 		{"B transposed, under 1024 rows", gemmShape{batch: 1, m: 64, n: 128, k: 10, transB: true}, false},

@@ -149,12 +149,17 @@ const (
 	minRun     = 128
 )
 
-// kRun is the length of the runs of k that tiles splits the contraction into: all of it when B's columns
-// take at most splitBytes, when one row tile reads B (nothing to reuse), or when the last columns go through
-// scratch; else runs of equal length, about runBytes of B each and at least minRun terms.
+// SumsInRuns reports whether a product of rows × n over k terms sums in runs of k (kRun): when its B takes
+// more than splitBytes, more than one row tile reads it, and its columns come in whole blocks of 8.
+func SumsInRuns(rows, n, k int) bool {
+	return n%8 == 0 && rows > Rows && k*n*4 > splitBytes
+}
+
+// kRun is the length of the runs of k that tiles splits the contraction into (SumsInRuns): runs of equal
+// length, about runBytes of B each and at least minRun terms; else all of it.
 func (p Product) kRun() int {
 	k := len(p.Offsets)
-	if p.N%8 != 0 || len(p.RowStarts) <= Rows || k*p.N*4 <= splitBytes {
+	if !SumsInRuns(len(p.RowStarts), p.N, k) {
 		return k
 	}
 	runs := (k*p.N*4 + runBytes - 1) / runBytes
