@@ -21,6 +21,11 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 	for k := range offsets {
 		offsets[k] = int32(k * pick(g.transA, lda, 1))
 	}
+	// The last row start and the last offset are the farthest: every item's product reaches as far.
+	var reach *gemmtile.Reach
+	if g.m > 0 && g.k > 0 {
+		reach = &gemmtile.Reach{Row: rowStarts[g.m-1], Offset: offsets[g.k-1]}
+	}
 	var transposed []float32
 	if g.transB {
 		scratch := getScratch(g.k * g.n)
@@ -34,7 +39,7 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 			bi, ldbi = transposed, g.n
 		}
 		gemmtile.Product{A: a[g.startA(i):], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: ldbi,
-			N: g.n, C: c[g.startC(i):], LDC: g.ldc()}.Run(threads.Budget())
+			N: g.n, C: c[g.startC(i):], LDC: g.ldc(), Reach: reach}.Run(threads.Budget())
 	}
 }
 

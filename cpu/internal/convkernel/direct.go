@@ -139,7 +139,7 @@ func convolveDirect(p *convPlan, input, kernel, output []float32, pool *scratchP
 		return t
 	})
 	gemmtile.Product{A: a, RowStarts: t.rowStarts, Offsets: t.offsets, B: kernel, LDB: p.outChannels,
-		N: p.outChannels, C: output, LDC: p.outChannels}.Run(threads.Budget())
+		N: p.outChannels, C: output, LDC: p.outChannels, Reach: t.reach}.Run(threads.Budget())
 	directConvCalls.Add(1)
 }
 
@@ -172,7 +172,7 @@ func convolveDirectDual(p *convPlan, input, kernel, output []float32, pool *scra
 		return t
 	})
 	gemmtile.Product{A: a, RowStarts: t.rowStarts, Offsets: t.offsets, B: kernel, LDB: p.outChannels,
-		N: p.outChannels, C: output, LDC: p.outChannels}.Run(threads.Budget())
+		N: p.outChannels, C: output, LDC: p.outChannels, Reach: t.reach}.Run(threads.Budget())
 	directConvCalls.Add(1)
 }
 
@@ -181,6 +181,7 @@ func convolveDirectDual(p *convPlan, input, kernel, output []float32, pool *scra
 type gemmTables struct {
 	rowStarts []int
 	offsets   []int32
+	reach     *gemmtile.Reach
 }
 
 // tableKey is a convolution's geometry: its window over the padded input, the number of [height, width,
@@ -210,6 +211,8 @@ func cachedTables(key tableKey, build func() gemmTables) gemmTables {
 		clear(tables)
 	}
 	t := build()
+	reach := gemmtile.ReachOf(t.rowStarts, t.offsets)
+	t.reach = &reach
 	tables[key] = t
 	return t
 }

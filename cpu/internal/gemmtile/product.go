@@ -18,6 +18,28 @@ type Product struct {
 	LDB, N    int
 	C         []float32
 	LDC       int
+	// Reach, when set, is ReachOf(RowStarts, Offsets), computed once by a caller that runs the same tables
+	// many times (a convolution's, every step): Run checks it against A instead of scanning the tables.
+	Reach *Reach
+}
+
+// Reach is the largest row start and the largest offset of a product's tables: the last element of A it
+// can read is at their sum.
+type Reach struct {
+	Row    int
+	Offset int32
+}
+
+// ReachOf scans a product's tables for their Reach.
+func ReachOf(rowStarts []int, offsets []int32) Reach {
+	var r Reach
+	for _, start := range rowStarts {
+		r.Row = max(r.Row, start)
+	}
+	for _, o := range offsets {
+		r.Offset = max(r.Offset, o)
+	}
+	return r
 }
 
 // ParallelFlops is the work below which a product runs on one thread: handing part of it to an awake
@@ -56,13 +78,12 @@ func (p Product) run(maxWorkers int, split bool) {
 }
 
 func (p Product) checkBounds() {
-	maxRow, maxOffset := 0, int32(0)
-	for _, r := range p.RowStarts {
-		maxRow = max(maxRow, r)
+	reach := p.Reach
+	if reach == nil {
+		r := ReachOf(p.RowStarts, p.Offsets)
+		reach = &r
 	}
-	for _, o := range p.Offsets {
-		maxOffset = max(maxOffset, o)
-	}
+	maxRow, maxOffset := reach.Row, reach.Offset
 	lastB := (len(p.Offsets)-1)*p.LDB + p.N - 1
 	lastC := (len(p.RowStarts)-1)*p.LDC + p.N - 1
 	if last := maxRow + int(maxOffset); last >= len(p.A) || lastB >= len(p.B) ||

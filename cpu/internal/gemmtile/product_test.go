@@ -155,12 +155,18 @@ func TestRunsAreTheWholeSum(t *testing.T) {
 	}
 }
 
-// TestProductRefusesOutOfBounds: a row start past A is a panic, not a stray read.
+// TestProductRefusesOutOfBounds: a row start past A is a panic, not a stray read, whether Run scans the
+// tables or is given their Reach.
 func TestProductRefusesOutOfBounds(t *testing.T) {
-	p := Product{A: make([]float32, 10), RowStarts: []int{0, 8}, Offsets: []int32{0, 1, 2}, B: make([]float32, 3*8),
-		LDB: 8, N: 8, C: make([]float32, 16), LDC: 8}
-	require.PanicsWithValue(t, "gemmtile: product reads A[10] of 10, B[23] of 24 (ldb 8), writes C[15] of 16 (ldc 8) for 2×8×3",
-		func() { p.Run(1) })
+	rowStarts, offsets := []int{8, 0}, []int32{2, 0, 1}
+	reach := ReachOf(rowStarts, offsets)
+	require.Equal(t, Reach{Row: 8, Offset: 2}, reach)
+	for _, given := range []*Reach{nil, &reach} {
+		p := Product{A: make([]float32, 10), RowStarts: rowStarts, Offsets: offsets, B: make([]float32, 3*8),
+			LDB: 8, N: 8, C: make([]float32, 16), LDC: 8, Reach: given}
+		require.PanicsWithValue(t, "gemmtile: product reads A[10] of 10, B[23] of 24 (ldb 8), writes C[15] of 16 (ldc 8) for 2×8×3",
+			func() { p.Run(1) }, "reach given: %v", given != nil)
+	}
 }
 
 // BenchmarkProduct times the transformer example's products (2048 positions, width 128, MLP 512; the
