@@ -546,8 +546,31 @@ func TestSmallPlainProductsMatchSimplego(t *testing.T) {
 			{lhsDims: []int{130, 7}, rhsDims: []int{7, 200}, lhsContracting: []int{1}, rhsContracting: []int{0}},
 			{lhsDims: []int{2, 48, 40}, rhsDims: []int{40, 65}, lhsContracting: []int{2}, rhsContracting: []int{0}},
 			{lhsDims: []int{1030, 24}, rhsDims: []int{100, 24}, lhsContracting: []int{1}, rhsContracting: []int{1}},
+			// A weights gradient whose B (2048 × 128) is summed in runs on the tiles.
+			{lhsDims: []int{2048, 20}, rhsDims: []int{2048, 128}, lhsContracting: []int{0}, rhsContracting: []int{0}},
 		} {
 			checkAgainstSimplego(t, backend, rng, dtypes.Float32, c)
 		}
 	})
+}
+
+// TestTilesReach: the tiles read A through int32 offsets, so a transposed A whose terms lie 2³¹ elements
+// or more apart stays off them, whatever the kernel choice; plain A steps one element per term.
+func TestTilesReach(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		g    gemmShape
+		want bool
+	}{
+		{"weights gradient", gemmShape{batch: 1, m: 128, n: 128, k: 2048, transA: true}, true},
+		{"transposed A past 2³¹ elements", gemmShape{batch: 1, m: 1 << 11, n: 8, k: 1<<20 + 1, transA: true}, false},
+		{"transposed A at the limit", gemmShape{batch: 1, m: 1 << 11, n: 8, k: 1<<20 + 1, transA: true, ldA: 2047}, true},
+		{"plain A, long rows", gemmShape{batch: 1, m: 8, n: 8, k: 1 << 30}, true},
+		{"empty sum", gemmShape{batch: 1, m: 8, n: 8, k: 0, transA: true}, true},
+	} {
+		assert.Equal(t, tc.want, tilesReach(tc.g), tc.name)
+		if !tc.want {
+			assert.False(t, onTiles(tc.g), "%s: never on the tiles", tc.name)
+		}
+	}
 }

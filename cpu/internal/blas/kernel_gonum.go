@@ -50,7 +50,7 @@ func sgemmBatched(g gemmShape, a, b, c []float32) {
 }
 
 // onTiles reports whether sgemmBatched runs g on the tiles (else on gonum).
-func onTiles(gemmShape) bool { return gemmtile.Accelerated() }
+func onTiles(g gemmShape) bool { return gemmtile.Accelerated() && tilesReach(g) }
 
 // dgemmBatched computes the float64 gemms g describes, one gonum Dgemm per batch item.
 func dgemmBatched(g gemmShape, a, b, c []float64) {

@@ -96,7 +96,8 @@ func kernelDescription() string {
 	case float32OnTiles:
 		routines = "cblas_dgemm; float32 on the AVX-512 micro-kernel"
 	case smallPlainOnTiles:
-		routines = "cblas_sgemm/dgemm; plain float32 products with a B of up to 512 KB on the AVX-512 micro-kernel"
+		routines = "cblas_sgemm/dgemm; plain float32 products with a B of up to 512 KB and weights gradients with a " +
+			"larger one on the AVX-512 micro-kernel"
 	}
 	return fmt.Sprintf("%s %s (%s), %d %s", version, openblasCore(), routines, threads, unit)
 }
@@ -117,7 +118,7 @@ var float32OnTiles = gemmtile.Wide() && !avx512Core(openblasCore())
 // from the core's cache for every six rows without packing it, where OpenBLAS packs both operands on every
 // call; a B stored transposed only when it has at most 128 columns and the product at least 1024 rows, which
 // pay for copying it into order; A transposed (a weights gradient) when B is larger than 512 KB, which the
-// tiles sum in runs that stay in L1 (gemmtile.SumsInRuns). With a larger B and A in order, a smaller one
+// tiles sum in runs that stay in cache (gemmtile.SumsInRuns). With a larger B and A in order, a smaller one
 // and A transposed, or a batch of small products OpenBLAS was as fast or faster (docs/notes.md, Note
 // [512-bit tiles beside OpenBLAS]).
 func tilesBeatOpenBLAS(g gemmShape) bool {
@@ -125,7 +126,7 @@ func tilesBeatOpenBLAS(g gemmShape) bool {
 		return false
 	}
 	if g.transA {
-		// A weights gradient whose B overflows L2: the tiles sum it in runs that keep B in L1.
+		// A weights gradient whose B overflows L2: the tiles sum it in runs that keep B in cache.
 		return !g.transB && gemmtile.SumsInRuns(g.m, g.n, g.k)
 	}
 	if g.transB {
@@ -135,8 +136,9 @@ func tilesBeatOpenBLAS(g gemmShape) bool {
 	return g.m >= 64 && g.k*g.n <= 128<<10
 }
 
-// smallPlainOnTiles is whether tilesBeatOpenBLAS may send products to the tiles: where the processor has
-// AVX-512. A variable so that tests can hold every product on OpenBLAS.
+// smallPlainOnTiles is whether tilesBeatOpenBLAS may send products to the tiles (plain ones with a small
+// B, weights gradients with a large one): where the processor has AVX-512. A variable so that tests can
+// hold every product on OpenBLAS.
 var smallPlainOnTiles = gemmtile.Wide()
 
 // avx512Core reports whether an OpenBLAS core name is one of its AVX-512 cores.
@@ -178,7 +180,9 @@ func sgemmBatched(g gemmShape, a, b, c []float32) {
 }
 
 // onTiles reports whether sgemmBatched runs g on the tiles (else on OpenBLAS).
-func onTiles(g gemmShape) bool { return float32OnTiles || tilesBeatOpenBLAS(g) }
+func onTiles(g gemmShape) bool {
+	return tilesReach(g) && (float32OnTiles || tilesBeatOpenBLAS(g))
+}
 
 // sgemmBatchedOpenBLAS is sgemmBatched on OpenBLAS whatever the processor.
 func sgemmBatchedOpenBLAS(g gemmShape, a, b, c []float32) {

@@ -15,7 +15,8 @@ import (
 
 // float32Kernels runs test once per way float32 products can be shared between the kernels in this build:
 // all on OpenBLAS and, where this processor has AVX-512, all on the 512-bit tiles and the plain products
-// with a small B on the tiles, the rest on OpenBLAS (tilesBeatOpenBLAS).
+// with a small B and the weights gradients with a large one on the tiles, the rest on OpenBLAS
+// (tilesBeatOpenBLAS).
 func float32Kernels(t *testing.T, test func(t *testing.T)) {
 	savedAll, savedSmall := float32OnTiles, smallPlainOnTiles
 	t.Cleanup(func() { float32OnTiles, smallPlainOnTiles = savedAll, savedSmall })
@@ -41,7 +42,7 @@ func TestPathNamesTheFloat32Kernel(t *testing.T) {
 	t.Cleanup(Uninstall)
 	t.Logf("kernel: %s", Path())
 	assert.Equal(t, float32OnTiles, strings.Contains(Path(), "float32 on the AVX-512 micro-kernel"))
-	assert.Equal(t, !float32OnTiles && smallPlainOnTiles, strings.Contains(Path(), "512 KB on the AVX-512"))
+	assert.Equal(t, !float32OnTiles && smallPlainOnTiles, strings.Contains(Path(), "weights gradients with a larger one on the AVX-512"))
 	assert.Equal(t, gemmtile.Wide() && !avx512Core(openblasCore()), float32OnTiles)
 }
 

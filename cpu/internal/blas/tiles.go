@@ -1,6 +1,7 @@
 package blas
 
 import (
+	"math"
 	"sync"
 
 	"github.com/goaccel/goaccel/cpu/internal/gemmtile"
@@ -21,11 +22,8 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 	for k := range offsets {
 		offsets[k] = int32(k * pick(g.transA, lda, 1))
 	}
-	// The last row start and the last offset are the farthest: every item's product reaches as far.
-	var reach *gemmtile.Reach
-	if g.m > 0 && g.k > 0 {
-		reach = &gemmtile.Reach{Row: rowStarts[g.m-1], Offset: offsets[g.k-1]}
-	}
+	// Every item's product reads A through the same tables: checked once, not once per item.
+	reach := gemmtile.ReachOf(rowStarts, offsets)
 	var transposed []float32
 	if g.transB {
 		scratch := getScratch(g.k * g.n)
@@ -39,8 +37,14 @@ func tileGemmBatched(g gemmShape, a, b, c []float32) {
 			bi, ldbi = transposed, g.n
 		}
 		gemmtile.Product{A: a[g.startA(i):], RowStarts: rowStarts, Offsets: offsets, B: bi, LDB: ldbi,
-			N: g.n, C: c[g.startC(i):], LDC: g.ldc(), Reach: reach}.Run(threads.Budget())
+			N: g.n, C: c[g.startC(i):], LDC: g.ldc(), Reach: &reach}.Run(threads.Budget())
 	}
+}
+
+// tilesReach reports whether the tiles' int32 offsets reach every element of g's A: a transposed A steps
+// lda elements per term (an A of 8 GiB or more would not fit).
+func tilesReach(g gemmShape) bool {
+	return int64(max(g.k-1, 0))*int64(pick(g.transA, g.lda(), 1)) <= math.MaxInt32
 }
 
 // walk holds how a product's tiles walk A: where each row starts and each term's offset. Pooled, so that

@@ -2,9 +2,9 @@
 // OpenBLAS or where OpenBLAS runs a 256-bit core on a processor with AVX-512, its matrix products) run on:
 // one call computes a tile of 6 rows × 16 (or 8) columns, or 64, 32 or 16 with AVX-512, of
 //
-//	C[i][j] (+)= Σ_k A_i[offsets[k]] · B[k·ldb + j]
+//	C[i][j] = Σ_k A_i[offsets[k]] · B[k·ldb + j]
 //
-// where each of the six A rows is a base pointer and offsets[k] says where its k-th element is. With
+// (or, accumulating, the same terms added to C[i][j] one at a time), where each of the six A rows is a base pointer and offsets[k] says where its k-th element is. With
 // offsets 0, 1, 2, … and rows lda apart that is a plain matrix product; with the offsets of a convolution's
 // window (kernel rows and columns, input channels) and rows at the output positions' corners, it is the
 // convolution itself, read straight from the (padded) input, with no im2col matrix in between. The kernel

@@ -190,3 +190,37 @@ func TestGuardBandsProduct(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardBandsProductInRuns: products that sum in runs (each tile resuming from C, or from the scratch of
+// a short last tile) write their tiles and nothing else.
+func TestGuardBandsProductInRuns(t *testing.T) {
+	rng := rand.New(rand.NewPCG(35, 36))
+	for _, size := range [][3]int{{13, 32, 5000}, {7, 64, 2100}, {20, 40, 4000}} {
+		m, n, k := size[0], size[1], size[2]
+		if !SumsInRuns(m, n, k) {
+			t.Fatalf("%d×%d×%d should sum in runs", m, n, k)
+		}
+		a, b := make([]float32, m*k), make([]float32, k*n)
+		for i := range a {
+			a[i] = rng.Float32()*2 - 1
+		}
+		for i := range b {
+			b[i] = rng.Float32()*2 - 1
+		}
+		p := Product{A: a, B: b, LDB: n, N: n}
+		for i := range m {
+			p.RowStarts = append(p.RowStarts, i*k)
+		}
+		for kk := range k {
+			p.Offsets = append(p.Offsets, int32(kk))
+		}
+		for _, threads := range []int{1, 3} {
+			forEachKernel(func(kernel string) {
+				g := newGuardedC(m, n, n+3, 6)
+				p.C, p.LDC = g.c(), n+3
+				p.run(threads, true)
+				g.check(t, "Product (%s) %d×%d×%d in runs, threads %d", kernel, m, n, k, threads)
+			})
+		}
+	}
+}

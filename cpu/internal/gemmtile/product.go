@@ -19,7 +19,8 @@ type Product struct {
 	C         []float32
 	LDC       int
 	// Reach, when set, is ReachOf(RowStarts, Offsets), computed once by a caller that runs the same tables
-	// many times (a convolution's, every step): Run checks it against A instead of scanning the tables.
+	// many times (a convolution's, every step): Run checks it against A instead of scanning the tables. It
+	// must be at least what ReachOf gives: Run cannot see a Reach that understates the tables.
 	Reach *Reach
 }
 
@@ -48,7 +49,8 @@ const ParallelFlops = 4 << 20
 
 // Run computes the product, its row tiles split among up to threads goroutines when it is large. Each tile
 // is computed by one goroutine, always in the same order, so the result does not depend on threads. It
-// panics when an element it would read lies outside A, B or C: the kernel itself does not check.
+// panics when an element it would read lies outside A (as far as Reach, or the tables scanned, say), B or C:
+// the kernel itself does not check.
 func (p Product) Run(workers int) { p.run(workers, false) }
 
 // run is Run; split forces the split among the workers whatever the size (for tests).
@@ -103,20 +105,23 @@ func (p Product) checkBounds() {
 func (p Product) tiles(first, end, run int) {
 	var rows [Rows]*float32
 	k := len(p.Offsets)
-	// The columns past the last whole block of 8, padded with zeros to 8: [k][8]. There is one run then.
+	// The columns past the last whole block of 8, padded with zeros to 8: [k][8].
 	whole := p.N / 8 * 8
 	var tailB []float32
-	ldScratch := whole
 	if whole < p.N {
 		tailB = make([]float32, k*8)
 		for i := range p.Offsets {
 			copy(tailB[i*8:i*8+p.N-whole], p.B[i*p.LDB+whole:i*p.LDB+p.N])
 		}
-		ldScratch += 8
 	}
-	// scratch holds a tile that is not written in place: the short last tile (across runs: it is the only
-	// one) or, with one run, a full tile's last columns.
+	// scratch holds a tile that is not written in place: in one run, a block of a short last tile or of a
+	// full tile's last columns, copied out at once (one block's width); across runs, the whole short last
+	// tile (the only one), kept until the last run.
 	var scratch []float32
+	ldScratch, scratchAtColumn := maxWidth, false
+	if run < k {
+		ldScratch, scratchAtColumn = p.N, true
+	}
 	for k0 := 0; k0 < k; k0 += run {
 		k1 := min(k, k0+run)
 		offsets, resume, last := p.Offsets[k0:k1], k0 > 0, k1 == k
@@ -134,7 +139,7 @@ func (p Product) tiles(first, end, run int) {
 				width := tileWidth(whole - j)
 				b, ldb := p.B[k0*p.LDB+j:], p.LDB
 				if j >= whole {
-					b, ldb = tailB, 8
+					b, ldb = tailB[k0*8:], 8
 				}
 				if valid == Rows && j < whole {
 					Tile(p.C[r0*p.LDC+j:], p.LDC, &rows, offsets, b, ldb, width, resume)
@@ -142,11 +147,15 @@ func (p Product) tiles(first, end, run int) {
 					if scratch == nil {
 						scratch = make([]float32, Rows*ldScratch)
 					}
-					Tile(scratch[j:], ldScratch, &rows, offsets, b, ldb, width, resume)
+					block := scratch
+					if scratchAtColumn {
+						block = scratch[j:]
+					}
+					Tile(block, ldScratch, &rows, offsets, b, ldb, width, resume)
 					if last {
 						cols := min(width, p.N-j)
 						for i := range valid {
-							copy(p.C[(r0+i)*p.LDC+j:(r0+i)*p.LDC+j+cols], scratch[i*ldScratch+j:i*ldScratch+j+cols])
+							copy(p.C[(r0+i)*p.LDC+j:(r0+i)*p.LDC+j+cols], block[i*ldScratch:i*ldScratch+cols])
 						}
 					}
 				}
@@ -156,11 +165,15 @@ func (p Product) tiles(first, end, run int) {
 	}
 }
 
+// maxWidth is the widest tile there is: the scratch a block of a short tile is computed into, in one run.
+const maxWidth = 64
+
 // A product whose B takes more than splitBytes sums in runs of about runBytes of B, and at least minRun
 // terms (kRun). Below splitBytes B stays in a core's L2 (2 MiB on the machines measured) beside the rows
 // of A the tiles stream, and runs would only cost: each run of a tile loads and stores its part of C again.
-// Above it, the rows of A push B out before the next tile reads it again, and a run of B that stays in L1
-// pays. Measured (BenchmarkProduct and BenchmarkKernelGradientCNN, one core, GFLOP/s): the transformer's
+// Above it, the rows of A push B out before the next tile reads it again, and a run of B that stays in
+// cache pays: in L1 for a narrow B (a convolution's kernel gradient, 32 columns: 16 KiB), in L2 for a wide
+// one (minRun terms of 128 or 512 columns take 64 or 256 KiB). Measured (BenchmarkProduct and BenchmarkKernelGradientCNN, one core, GFLOP/s): the transformer's
 // weight gradients 113/87/60 → 151/160/157, the CNN's second kernel gradient 60 → 154, plain products
 // unchanged (170–176); runs for every B over 32 KiB, however short, halved the plain [2048,128]×[128,512]
 // (171 → 71).
@@ -176,8 +189,8 @@ func SumsInRuns(rows, n, k int) bool {
 	return n%8 == 0 && rows > Rows && k*n*4 > splitBytes
 }
 
-// kRun is the length of the runs of k that tiles splits the contraction into (SumsInRuns): runs of equal
-// length, about runBytes of B each and at least minRun terms; else all of it.
+// kRun is the length of the runs of k that tiles splits the contraction into (SumsInRuns): about runBytes
+// of B each and at least minRun terms, the last run the rest; else all of it.
 func (p Product) kRun() int {
 	k := len(p.Offsets)
 	if !SumsInRuns(len(p.RowStarts), p.N, k) {

@@ -113,7 +113,7 @@ func TestRunsAreTheWholeSum(t *testing.T) {
 	saved := wide
 	t.Cleanup(func() { wide = saved })
 	rng := rand.New(rand.NewPCG(15, 16))
-	for _, size := range [][3]int{{13, 32, 5000}, {20, 16, 9000}, {9, 64, 2100}, {30, 96, 1500}, {14, 20, 7000}} {
+	for _, size := range [][3]int{{13, 32, 5000}, {20, 16, 9000}, {9, 64, 2100}, {30, 96, 1500}, {13, 40, 4000}, {14, 20, 7000}} {
 		for _, transA := range []bool{false, true} {
 			for _, useWide := range []bool{false, true} {
 				if useWide && !saved {
@@ -167,6 +167,13 @@ func TestProductRefusesOutOfBounds(t *testing.T) {
 		require.PanicsWithValue(t, "gemmtile: product reads A[10] of 10, B[23] of 24 (ldb 8), writes C[15] of 16 (ldc 8) for 2×8×3",
 			func() { p.Run(1) }, "reach given: %v", given != nil)
 	}
+	// Run checks the Reach it is given, not the tables: one past A is refused even for tables inside it.
+	p := Product{A: make([]float32, 11), RowStarts: rowStarts, Offsets: offsets, B: make([]float32, 3*8),
+		LDB: 8, N: 8, C: make([]float32, 16), LDC: 8, Reach: &Reach{Row: 9, Offset: 2}}
+	require.PanicsWithValue(t, "gemmtile: product reads A[11] of 11, B[23] of 24 (ldb 8), writes C[15] of 16 (ldc 8) for 2×8×3",
+		func() { p.Run(1) })
+	p.Reach = &reach
+	require.NotPanics(t, func() { p.Run(1) })
 }
 
 // BenchmarkProduct times the transformer example's products (2048 positions, width 128, MLP 512; the

@@ -7,7 +7,8 @@
 // The tile's six A rows are base pointers in R8..R13; offsets[k] (int32, in elements) is loaded into AX for
 // each k, B's row k is at SI (advanced by ldb·4 bytes in DI per k), C at DX. Accumulators: Y0..Y11 (row i:
 // Y(2i), Y(2i+1)) for width 16, Y0..Y5 for width 8; B's vectors in Y12, Y13; broadcasts alternate between
-// Y14 and Y15.
+// Y14 and Y15. When accumulate is set, the prologue first loads C's tile into the accumulators (AX = ldc·4, BX
+// walking C's rows).
 
 // func tile6x16(c *float32, ldc int, rows *[6]*float32, offsets *int32, k int, b *float32, ldb int, accumulate int)
 TEXT ·tile6x16(SB), NOSPLIT, $0-64

@@ -12,8 +12,8 @@ type File struct {
 // columns) and tile512_amd64.s (the AVX-512 tiles of 64, 32 and 16 columns; the last, tile6x16wide, keeps
 // a row in one register, for products and convolutions of 16 output channels).
 //
-// Every tile computes c[i·ldc + j] (+)= Σ_k rows[i][offsets[k]] · b[k·ldb + j] for its six rows, one fused
-// multiply-add per term in increasing k, for each lane alike: the wide and narrow tiles give bitwise the
+// Every tile computes c[i·ldc + j] = Σ_k rows[i][offsets[k]] · b[k·ldb + j] for its six rows (accumulating:
+// starting from c's element), one fused multiply-add per term in increasing k, for each lane alike: the wide and narrow tiles give bitwise the
 // same results.
 func GenerateTiles() []File {
 	narrow := &gen{}
@@ -22,7 +22,8 @@ func GenerateTiles() []File {
 	narrow.comment(`The tile's six A rows are base pointers in R8..R13; offsets[k] (int32, in elements) is loaded into AX for
 each k, B's row k is at SI (advanced by ldb·4 bytes in DI per k), C at DX. Accumulators: Y0..Y11 (row i:
 Y(2i), Y(2i+1)) for width 16, Y0..Y5 for width 8; B's vectors in Y12, Y13; broadcasts alternate between
-Y14 and Y15.`)
+Y14 and Y15. When accumulate is set, the prologue first loads C's tile into the accumulators (AX = ldc·4, BX
+walking C's rows).`)
 	narrow.tile(ymm, 16)
 	narrow.tile(ymm, 8)
 
