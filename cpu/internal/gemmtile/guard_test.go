@@ -200,20 +200,7 @@ func TestGuardBandsProductInRuns(t *testing.T) {
 		if !SumsInRuns(m, n, k) {
 			t.Fatalf("%d×%d×%d should sum in runs", m, n, k)
 		}
-		a, b := make([]float32, m*k), make([]float32, k*n)
-		for i := range a {
-			a[i] = rng.Float32()*2 - 1
-		}
-		for i := range b {
-			b[i] = rng.Float32()*2 - 1
-		}
-		p := Product{A: a, B: b, LDB: n, N: n}
-		for i := range m {
-			p.RowStarts = append(p.RowStarts, i*k)
-		}
-		for kk := range k {
-			p.Offsets = append(p.Offsets, int32(kk))
-		}
+		p := randomProduct(rng, m, n, k, false)
 		for _, threads := range []int{1, 3} {
 			forEachKernel(func(kernel string) {
 				g := newGuardedC(m, n, n+3, 6)

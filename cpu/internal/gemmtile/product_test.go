@@ -80,20 +80,7 @@ func TestWideTilesMatchNarrow(t *testing.T) {
 	for _, size := range [][3]int{{6, 64, 5}, {13, 100, 37}, {64, 32, 64}, {130, 200, 129}, {7, 72, 300}, {19, 16, 41}, {12, 48, 9}} {
 		for _, transA := range []bool{false, true} {
 			m, n, k := size[0], size[1], size[2]
-			a, b := make([]float32, m*k), make([]float32, k*n)
-			for i := range a {
-				a[i] = rng.Float32()*2 - 1
-			}
-			for i := range b {
-				b[i] = rng.Float32()*2 - 1
-			}
-			p := Product{A: a, B: b, LDB: n, N: n, LDC: n}
-			for i := range m {
-				p.RowStarts = append(p.RowStarts, pick(transA, i, i*k))
-			}
-			for kk := range k {
-				p.Offsets = append(p.Offsets, int32(pick(transA, kk*m, kk)))
-			}
+			p := randomProduct(rng, m, n, k, transA)
 			results := make([][]float32, 2)
 			for i, useWide := range []bool{false, true} {
 				wide = useWide
@@ -122,20 +109,7 @@ func TestRunsAreTheWholeSum(t *testing.T) {
 				wide = useWide
 				m, n, k := size[0], size[1], size[2]
 				name := fmt.Sprintf("%d×%d×%d transA=%v wide=%v", m, n, k, transA, useWide)
-				a, b := make([]float32, m*k), make([]float32, k*n)
-				for i := range a {
-					a[i] = rng.Float32()*2 - 1
-				}
-				for i := range b {
-					b[i] = rng.Float32()*2 - 1
-				}
-				p := Product{A: a, B: b, LDB: n, N: n, LDC: n}
-				for i := range m {
-					p.RowStarts = append(p.RowStarts, pick(transA, i, i*k))
-				}
-				for kk := range k {
-					p.Offsets = append(p.Offsets, int32(pick(transA, kk*m, kk)))
-				}
+				p := randomProduct(rng, m, n, k, transA)
 				if n%8 != 0 {
 					require.Equal(t, k, p.kRun(), "%s: columns past the last block of 8 take one run", name)
 				} else {
@@ -214,6 +188,26 @@ func BenchmarkProduct(b *testing.B) {
 			})
 		}
 	}
+}
+
+// randomProduct is an m×n product over k terms of random A and B in [-1, 1), both packed, A stored [m, k]
+// or (transA) [k, m]; C is left to the caller.
+func randomProduct(rng *rand.Rand, m, n, k int, transA bool) Product {
+	a, b := make([]float32, m*k), make([]float32, k*n)
+	for i := range a {
+		a[i] = rng.Float32()*2 - 1
+	}
+	for i := range b {
+		b[i] = rng.Float32()*2 - 1
+	}
+	p := Product{A: a, B: b, LDB: n, N: n, LDC: n}
+	for i := range m {
+		p.RowStarts = append(p.RowStarts, pick(transA, i, i*k))
+	}
+	for kk := range k {
+		p.Offsets = append(p.Offsets, int32(pick(transA, kk*m, kk)))
+	}
+	return p
 }
 
 func pick(cond bool, yes, no int) int {
