@@ -77,9 +77,9 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		return layouts[0], layouts[1], inputs, through
 	}
 	rewritten := 0
-	// rewrite makes node (dot, or the Transpose of dot's result by output) the planned product, if dot plans.
-	rewrite := func(node, dot *simplego.Node, output []int) (bool, error) {
-		lhs, rhs, inputs, _ := operands(dot)
+	// rewrite makes node (dot, or the Transpose of dot's result by output) the planned product of lhs and
+	// rhs (dot's operands, as operands returns them, read from inputs), if dot plans.
+	rewrite := func(node, dot *simplego.Node, lhs, rhs blas.Operand, inputs []*simplego.Node, output []int) (bool, error) {
 		product, ok := blas.PlanProduct(dot, lhs, rhs, output)
 		if !ok || !product.Shape().Equal(shapeOf(node)) {
 			return false, nil
@@ -105,7 +105,8 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		if !isDot(dot) || !only(dot, consumer) {
 			continue
 		}
-		done, err := rewrite(node, dot, permutation)
+		lhs, rhs, inputs, _ := operands(dot)
+		done, err := rewrite(node, dot, lhs, rhs, inputs, permutation)
 		if err != nil {
 			return rewritten, err
 		}
@@ -116,10 +117,11 @@ func rewriteProducts(outputs []*simplego.Node) (int, error) {
 		if absorbed[node] || !isDot(node) {
 			continue
 		}
-		if _, _, _, through := operands(node); !through {
+		lhs, rhs, inputs, through := operands(node)
+		if !through {
 			continue
 		}
-		done, err := rewrite(node, node, nil)
+		done, err := rewrite(node, node, lhs, rhs, inputs, nil)
 		if err != nil {
 			return rewritten, err
 		}
